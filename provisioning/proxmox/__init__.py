@@ -1,0 +1,1 @@
+"""Everything that speaks Proxmox VE. Plain Python: nothing here imports Django (DESIGN.md §3)."""

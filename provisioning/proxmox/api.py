@@ -1,0 +1,457 @@
+"""The seam: one method per Proxmox endpoint proxyhub uses (seed 000 entry 17).
+
+``Api`` turns each method into a ``Call`` (method, path template, path parameters, form
+parameters, an optional upload) and hands it to a ``Transport``. Two transports exist:
+
+* ``provisioning.proxmox.http.HttpTransport`` speaks HTTPS to a real node (or to the
+  simulator's HTTPS server);
+* ``provisioning.proxmox.simulator.inprocess.SimTransport`` hands the same ``Call`` to the
+  simulator's engine in-process, the fast fake for unit tests.
+
+Because both transports receive the very same ``Call``, what the simulator validates is
+exactly what the client would send. Every method takes a keyword-only ``deadline``; the
+transport bounds each request by it.
+
+Logging (seed 000 entry 20): one INFO line per call with the call name, node, vmid, storage,
+upid, duration and HTTP status (on failure Proxmox's message); parameters at DEBUG with
+``description`` shortened and upload bodies never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from .deadline import Deadline
+from .errors import ApiError, ProxmoxError
+
+log = logging.getLogger("proxyhub.proxmox.api")
+
+# Path parameters that identify what a call is about, logged on every INFO line.
+_LOGGED_PATH_KEYS = ("node", "vmid", "storage", "upid", "volume")
+# Parameters whose values are logged only by length, even at DEBUG.
+_SHORTENED_PARAMS = frozenset({"description"})
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file for ``POST .../upload``. Its content is never logged or shown."""
+
+    filename: str
+    content: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to Proxmox, before any transport sees it.
+
+    ``path`` is the template exactly as in the official schema (``/nodes/{node}/qemu/{vmid}``),
+    which is also the key the simulator validates against. ``params`` are already encoded as
+    Proxmox's form encoding wants them (booleans ``1``/``0``, integers as decimal text).
+    """
+
+    name: str
+    method: str
+    path: str
+    path_params: Mapping[str, str] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+    upload: Upload | None = None
+
+    @property
+    def schema_key(self) -> str:
+        return f"{self.method} {self.path}"
+
+    def url_path(self) -> str:
+        """The concrete path, every parameter percent-encoded (UPIDs and volids hold ``:``)."""
+        out = self.path
+        for key, value in self.path_params.items():
+            out = out.replace("{" + key + "}", quote(str(value), safe=""))
+        return out
+
+
+class Transport(Protocol):
+    """Executes a ``Call`` and returns the envelope's ``data`` or raises a ``ProxmoxError``.
+
+    The result is a ``Response`` so the seam can log the HTTP status; a transport raises
+    ``ApiError`` for an error status and a ``TransportError`` subclass for everything that
+    never got an answer.
+    """
+
+    def send(self, call: Call, *, deadline: Deadline | None) -> Response: ...
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    data: Any
+    total: int | None = None
+
+
+def _bool(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _str_values(config: Mapping[str, Any]) -> dict[str, str]:
+    """Render a config as strings: ``cores`` arrives as a number, ``memory`` as a string."""
+    return {str(k): ("" if v is None else str(v)) for k, v in config.items()}
+
+
+class Api:
+    """Proxmox VE endpoints, one method each. Stateless apart from its transport."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    def _send(self, call: Call, deadline: Deadline | None) -> Response:
+        started = time.monotonic()
+        ids = {k: call.path_params[k] for k in _LOGGED_PATH_KEYS if k in call.path_params}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "proxmox api request",
+                extra={"call": call.name, **ids, "params": _loggable_params(call)},
+            )
+        try:
+            response = self.transport.send(call, deadline=deadline)
+        except ProxmoxError as exc:
+            fields: dict[str, Any] = {
+                "call": call.name,
+                **ids,
+                "duration": round(time.monotonic() - started, 4),
+                "error_class": type(exc).__name__,
+            }
+            if isinstance(exc, ApiError):
+                fields["http_status"] = exc.status
+                fields["error"] = exc.message
+            else:
+                fields["error"] = str(exc)
+            log.info("proxmox api call failed", extra=fields)
+            raise
+        fields = {
+            "call": call.name,
+            **ids,
+            "duration": round(time.monotonic() - started, 4),
+            "http_status": response.status,
+        }
+        if isinstance(response.data, str) and response.data.startswith("UPID:"):
+            fields["upid"] = response.data
+        log.info("proxmox api call", extra=fields)
+        return response
+
+    def _data(self, call: Call, deadline: Deadline | None) -> Any:
+        return self._send(call, deadline).data
+
+    # --- cluster and nodes ------------------------------------------------------------
+
+    def version(self, *, deadline: Deadline | None = None) -> dict[str, Any]:
+        return dict(self._data(Call("version", "GET", "/version"), deadline) or {})
+
+    def nodes(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        return list(self._data(Call("nodes", "GET", "/nodes"), deadline) or [])
+
+    def node_status(self, node: str, *, deadline: Deadline | None = None) -> dict[str, Any]:
+        call = Call("node_status", "GET", "/nodes/{node}/status", {"node": node})
+        return dict(self._data(call, deadline) or {})
+
+    def node_network(
+        self, node: str, *, type: str | None = "any_bridge", deadline: Deadline | None = None
+    ) -> list[dict[str, Any]]:
+        """Network devices of a node; by default only bridges (for the preflight)."""
+        params = {"type": type} if type else {}
+        call = Call("node_network", "GET", "/nodes/{node}/network", {"node": node}, params)
+        return list(self._data(call, deadline) or [])
+
+    def cluster_resources(
+        self, *, type: str = "vm", deadline: Deadline | None = None
+    ) -> list[dict[str, Any]]:
+        call = Call("cluster_resources", "GET", "/cluster/resources", params={"type": type})
+        return list(self._data(call, deadline) or [])
+
+    def cluster_nextid(self, *, vmid: int | None = None, deadline: Deadline | None = None) -> int:
+        """The lowest free VMID, or ``vmid`` itself when free (400 when taken).
+
+        Proxmox returns the id as a JSON string in practice; accept either.
+        """
+        params = {"vmid": str(vmid)} if vmid is not None else {}
+        call = Call("cluster_nextid", "GET", "/cluster/nextid", params=params)
+        return int(self._data(call, deadline))
+
+    # --- storage ----------------------------------------------------------------------
+
+    def storage_status(
+        self, node: str, storage: str, *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
+        call = Call(
+            "storage_status",
+            "GET",
+            "/nodes/{node}/storage/{storage}/status",
+            {"node": node, "storage": storage},
+        )
+        return dict(self._data(call, deadline) or {})
+
+    def storage_content(
+        self,
+        node: str,
+        storage: str,
+        *,
+        content: str | None = None,
+        vmid: int | None = None,
+        deadline: Deadline | None = None,
+    ) -> list[dict[str, Any]]:
+        params: dict[str, str] = {}
+        if content:
+            params["content"] = content
+        if vmid is not None:
+            params["vmid"] = str(vmid)
+        call = Call(
+            "storage_content",
+            "GET",
+            "/nodes/{node}/storage/{storage}/content",
+            {"node": node, "storage": storage},
+            params,
+        )
+        return list(self._data(call, deadline) or [])
+
+    def upload_iso(
+        self,
+        node: str,
+        storage: str,
+        *,
+        filename: str,
+        content: bytes,
+        deadline: Deadline | None = None,
+    ) -> str:
+        """Upload an ISO (multipart, text parts first; pve-reference §7.7). Returns a UPID."""
+        call = Call(
+            "upload_iso",
+            "POST",
+            "/nodes/{node}/storage/{storage}/upload",
+            {"node": node, "storage": storage},
+            {"content": "iso"},
+            Upload(filename=filename, content=content),
+        )
+        return str(self._data(call, deadline))
+
+    def delete_volume(
+        self,
+        node: str,
+        storage: str,
+        volume: str,
+        *,
+        delay: int | None = None,
+        deadline: Deadline | None = None,
+    ) -> str | None:
+        """Delete a volume; an ``imgdel`` UPID (or None when ``delay`` saw it finish)."""
+        params = {"delay": str(delay)} if delay is not None else {}
+        call = Call(
+            "delete_volume",
+            "DELETE",
+            "/nodes/{node}/storage/{storage}/content/{volume}",
+            {"node": node, "storage": storage, "volume": volume},
+            params,
+        )
+        data = self._data(call, deadline)
+        return None if data is None else str(data)
+
+    # --- VMs --------------------------------------------------------------------------
+
+    @staticmethod
+    def _vm(node: str, vmid: int) -> dict[str, str]:
+        return {"node": node, "vmid": str(vmid)}
+
+    def vm_config(
+        self, node: str, vmid: int, *, current: bool = False, deadline: Deadline | None = None
+    ) -> dict[str, str]:
+        """A VM's config with pending values merged (Proxmox's default), values as strings."""
+        params = {"current": "1"} if current else {}
+        call = Call(
+            "vm_config", "GET", "/nodes/{node}/qemu/{vmid}/config", self._vm(node, vmid), params
+        )
+        return _str_values(self._data(call, deadline) or {})
+
+    def set_vm_config(
+        self,
+        node: str,
+        vmid: int,
+        values: Mapping[str, str | int | bool],
+        *,
+        delete: list[str] | None = None,
+        digest: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> None:
+        """``PUT .../config``: synchronous, applied under the VM's lock before returning."""
+        params = {k: _bool(v) if isinstance(v, bool) else str(v) for k, v in values.items()}
+        if delete:
+            params["delete"] = ",".join(delete)
+        if digest:
+            params["digest"] = digest
+        call = Call(
+            "set_vm_config", "PUT", "/nodes/{node}/qemu/{vmid}/config", self._vm(node, vmid), params
+        )
+        self._data(call, deadline)
+
+    def vm_pending(
+        self, node: str, vmid: int, *, deadline: Deadline | None = None
+    ) -> list[dict[str, Any]]:
+        call = Call("vm_pending", "GET", "/nodes/{node}/qemu/{vmid}/pending", self._vm(node, vmid))
+        return list(self._data(call, deadline) or [])
+
+    def clone(
+        self,
+        node: str,
+        vmid: int,
+        *,
+        newid: int,
+        name: str,
+        description: str | None = None,
+        full: bool = True,
+        storage: str | None = None,
+        target: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> str:
+        """Clone template ``vmid`` to ``newid``. Returns the ``qmclone`` UPID (id = source)."""
+        params = {"newid": str(newid), "name": name, "full": _bool(full)}
+        if description is not None:
+            params["description"] = description
+        if storage:
+            params["storage"] = storage
+        if target:
+            params["target"] = target
+        call = Call(
+            "clone", "POST", "/nodes/{node}/qemu/{vmid}/clone", self._vm(node, vmid), params
+        )
+        return str(self._data(call, deadline))
+
+    def resize(
+        self, node: str, vmid: int, *, disk: str, size: str, deadline: Deadline | None = None
+    ) -> str:
+        call = Call(
+            "resize",
+            "PUT",
+            "/nodes/{node}/qemu/{vmid}/resize",
+            self._vm(node, vmid),
+            {"disk": disk, "size": size},
+        )
+        return str(self._data(call, deadline))
+
+    def _power(
+        self, action: str, node: str, vmid: int, params: dict[str, str], deadline: Deadline | None
+    ) -> str:
+        call = Call(
+            action,
+            "POST",
+            "/nodes/{node}/qemu/{vmid}/status/" + action,
+            self._vm(node, vmid),
+            params,
+        )
+        return str(self._data(call, deadline))
+
+    def start(self, node: str, vmid: int, *, deadline: Deadline | None = None) -> str:
+        return self._power("start", node, vmid, {}, deadline)
+
+    def stop(self, node: str, vmid: int, *, deadline: Deadline | None = None) -> str:
+        return self._power("stop", node, vmid, {}, deadline)
+
+    def shutdown(
+        self,
+        node: str,
+        vmid: int,
+        *,
+        timeout: int = 60,
+        force_stop: bool = False,
+        deadline: Deadline | None = None,
+    ) -> str:
+        params = {"timeout": str(timeout), "forceStop": _bool(force_stop)}
+        return self._power("shutdown", node, vmid, params, deadline)
+
+    def reboot(
+        self, node: str, vmid: int, *, timeout: int = 60, deadline: Deadline | None = None
+    ) -> str:
+        return self._power("reboot", node, vmid, {"timeout": str(timeout)}, deadline)
+
+    def vm_status(
+        self, node: str, vmid: int, *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
+        call = Call(
+            "vm_status", "GET", "/nodes/{node}/qemu/{vmid}/status/current", self._vm(node, vmid)
+        )
+        return dict(self._data(call, deadline) or {})
+
+    def destroy(
+        self,
+        node: str,
+        vmid: int,
+        *,
+        purge: bool = True,
+        destroy_unreferenced_disks: bool = True,
+        deadline: Deadline | None = None,
+    ) -> str:
+        """``DELETE .../qemu/{vmid}`` with its options in the query string. A ``qmdestroy`` UPID."""
+        params = {
+            "purge": _bool(purge),
+            "destroy-unreferenced-disks": _bool(destroy_unreferenced_disks),
+        }
+        call = Call("destroy", "DELETE", "/nodes/{node}/qemu/{vmid}", self._vm(node, vmid), params)
+        return str(self._data(call, deadline))
+
+    def agent_network_interfaces(
+        self, node: str, vmid: int, *, deadline: Deadline | None = None
+    ) -> list[dict[str, Any]]:
+        """The guest agent's interfaces (the ``result`` list; tolerates the pre-7 error shape)."""
+        call = Call(
+            "agent_network_interfaces",
+            "GET",
+            "/nodes/{node}/qemu/{vmid}/agent/network-get-interfaces",
+            self._vm(node, vmid),
+        )
+        data = self._data(call, deadline) or {}
+        result = data.get("result", []) if isinstance(data, dict) else data
+        if isinstance(result, dict) and "error" in result:
+            # PVE 6 answered agent errors with 200 and an error object (pve-reference §3.3).
+            desc = result["error"].get("desc", "guest agent error")
+            raise ApiError(500, str(desc))
+        return list(result or [])
+
+    # --- tasks ------------------------------------------------------------------------
+
+    def task_status(
+        self, node: str, upid: str, *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
+        call = Call(
+            "task_status", "GET", "/nodes/{node}/tasks/{upid}/status", {"node": node, "upid": upid}
+        )
+        return dict(self._data(call, deadline) or {})
+
+    def task_log(
+        self,
+        node: str,
+        upid: str,
+        *,
+        start: int = 0,
+        limit: int = 0,
+        deadline: Deadline | None = None,
+    ) -> list[dict[str, Any]]:
+        """Task log lines ``{"n", "t"}``; ``limit=0`` asks for everything."""
+        call = Call(
+            "task_log",
+            "GET",
+            "/nodes/{node}/tasks/{upid}/log",
+            {"node": node, "upid": upid},
+            {"start": str(start), "limit": str(limit)},
+        )
+        return list(self._data(call, deadline) or [])
+
+
+def _loggable_params(call: Call) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in call.params.items():
+        out[key] = f"<{len(value)} chars>" if key in _SHORTENED_PARAMS else value
+    if call.upload is not None:
+        out["filename"] = call.upload.filename
+        out["upload_bytes"] = str(len(call.upload.content))
+    return out

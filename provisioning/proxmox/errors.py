@@ -1,0 +1,265 @@
+"""Proxmox failures: what the client raises, and how proxyhub classifies them.
+
+Two layers, as in seed 000 entry 13:
+
+* raw failures, raised by the transport: ``ApiError`` (Proxmox answered with an error status),
+  ``TaskFailed`` (a task ended with an error exit status), and the transport failures below
+  (``ConnectFailed``, ``RequestTimeout``, ``TLSVerifyFailed``, ``CredentialsMissing``, ...);
+* classified failures, what the provider and everything above it deal in: ``PermanentError``
+  (an operator must change something), ``TransientError`` (retry later) and ``NotFoundError``
+  (the VM is gone). Each carries a remediation sentence an operator can act on.
+
+No error text here ever includes a token, a request body, headers or a CA: ``ApiError`` holds
+only the status, Proxmox's message and the per-parameter errors (seed 000 entry 14).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .deadline import Cancelled, DeadlineExceeded
+
+
+class ProxmoxError(Exception):
+    """Base of every failure raised by ``provisioning.proxmox``."""
+
+
+# --- raw failures -------------------------------------------------------------------------
+
+
+class ApiError(ProxmoxError):
+    """Proxmox answered a request with an error status.
+
+    ``message`` is the body's ``message`` without its trailing newline, or the HTTP reason
+    phrase when the body has none (401, 595, 596). ``errors`` is the 400 body's map of
+    parameter name to text.
+    """
+
+    def __init__(self, status: int, message: str, errors: Mapping[str, str] | None = None) -> None:
+        self.status = status
+        self.message = message.rstrip("\n")
+        self.errors: dict[str, str] = {k: str(v).rstrip("\n") for k, v in (errors or {}).items()}
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.status} {self.message}"
+        if self.errors:
+            detail = "; ".join(f"{k}: {v}" for k, v in sorted(self.errors.items()))
+            text = f"{text} ({detail})"
+        return text
+
+    def __reduce__(self) -> tuple[type[ApiError], tuple[int, str, dict[str, str]]]:
+        return (ApiError, (self.status, self.message, self.errors))
+
+
+class TaskFailed(ProxmoxError):
+    """A Proxmox task ended with an exit status other than ``OK`` or ``WARNINGS: n``."""
+
+    def __init__(self, upid: str, exitstatus: str) -> None:
+        self.upid = upid
+        self.exitstatus = exitstatus
+        super().__init__(f"task {upid} failed: {exitstatus}")
+
+    def __reduce__(self) -> tuple[type[TaskFailed], tuple[str, str]]:
+        return (TaskFailed, (self.upid, self.exitstatus))
+
+
+class TransportError(ProxmoxError):
+    """The request did not get a Proxmox answer (network, TLS, timeout, local files)."""
+
+
+class ConnectFailed(TransportError):
+    """TCP connect failed, or the connection was reset or closed mid-answer."""
+
+
+class RequestTimeout(TransportError):
+    """A single request ran out of its own timeout (connect or read)."""
+
+
+class TLSVerifyFailed(TransportError):
+    """The server's certificate did not verify against the CA (or the host did not match)."""
+
+
+class CredentialsMissing(TransportError):
+    """The token file does not exist (yet): the secret may still land."""
+
+
+class CredentialsMalformed(TransportError):
+    """The token file exists but does not hold ``USER@REALM!TOKENID=SECRET``."""
+
+
+class CAFileMissing(TransportError):
+    """``caFile`` names a file that does not exist (yet)."""
+
+
+class CAFileInvalid(TransportError):
+    """``caFile`` exists but holds no PEM certificate."""
+
+
+# --- classified failures ------------------------------------------------------------------
+
+
+class ClassifiedError(ProxmoxError):
+    """A failure with its class and what an operator should do about it."""
+
+    kind = "transient"
+
+    def __init__(self, message: str, *, remediation: str = "", op: str = "") -> None:
+        self.message = message
+        self.remediation = remediation
+        self.op = op
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        if self.remediation:
+            return f"{self.message}. {self.remediation}"
+        return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (type(self), self.message, self.remediation, self.op))
+
+
+def _rebuild(
+    cls: type[ClassifiedError], message: str, remediation: str, op: str
+) -> ClassifiedError:
+    return cls(message, remediation=remediation, op=op)
+
+
+class PermanentError(ClassifiedError):
+    """Retrying cannot help: an operator must change the catalogue, Proxmox or a credential."""
+
+    kind = "permanent"
+
+
+class TransientError(ClassifiedError):
+    """Retrying later is expected to succeed."""
+
+    kind = "transient"
+
+
+class NotFoundError(ClassifiedError):
+    """The VM (or volume) does not exist."""
+
+    kind = "not_found"
+
+
+# Fixed substrings of Proxmox's 500 messages (pve-reference §3), matched in this order.
+_DOES_NOT_EXIST = "does not exist"
+_LOCKED = "VM is locked"
+_ALREADY_EXISTS = "config file already exists"
+_AGENT_NOT_RUNNING = "QEMU guest agent is not running"
+_NO_AGENT = "No QEMU guest agent configured"
+_VM_NOT_RUNNING = re.compile(r"^VM [0-9]+ is not running$")
+_PRIVILEGE = re.compile(r"Permission check failed \(([^,]*), ([^)]*)\)")
+
+
+def classify(op: str, err: BaseException) -> ClassifiedError:
+    """Seed 000 entry 13, row by row: the class of a failure of operation ``op``.
+
+    ``op`` is the provider operation (``create``, ``get``, ``delete``, ``list``, ``check``,
+    ``power``...). A "does not exist" during ``create`` is transient, never not-found: a VM or
+    volume vanished between two steps and the next attempt starts over.
+    """
+    if isinstance(err, ClassifiedError):
+        return err
+    if isinstance(err, ApiError):
+        return _classify_api(op, err)
+    if isinstance(err, TaskFailed):
+        return TransientError(
+            f"Proxmox task failed: {err.exitstatus}",
+            remediation="the next attempt retries it; the task log on the node has details",
+            op=op,
+        )
+    if isinstance(err, TLSVerifyFailed):
+        return PermanentError(
+            f"TLS verification failed: {err}",
+            remediation="fix caFile or url (the host must be in the node certificate), "
+            "not the host",
+            op=op,
+        )
+    if isinstance(err, CAFileInvalid):
+        return PermanentError(
+            f"caFile holds no PEM certificate: {err}",
+            remediation="put the node's CA (e.g. /etc/pve/pve-root-ca.pem) in caFile",
+            op=op,
+        )
+    if isinstance(err, CAFileMissing):
+        return TransientError(
+            f"caFile does not exist: {err}",
+            remediation="mount or copy the CA file to the configured caFile path",
+            op=op,
+        )
+    if isinstance(err, CredentialsMalformed):
+        return PermanentError(
+            "the token file is malformed",
+            remediation="the token file must hold one line USER@REALM!TOKENID=SECRET",
+            op=op,
+        )
+    if isinstance(err, CredentialsMissing):
+        return TransientError(
+            "the token file does not exist",
+            remediation="put the API token in the configured tokenFile; it is read on "
+            "every request, so no restart is needed",
+            op=op,
+        )
+    if isinstance(err, RequestTimeout | DeadlineExceeded):
+        return TransientError(f"Proxmox did not answer in time: {err}", op=op)
+    if isinstance(err, Cancelled):
+        return TransientError("operation cancelled", op=op)
+    if isinstance(err, ConnectFailed | TransportError | ConnectionError | EOFError):
+        return TransientError(
+            f"Proxmox unreachable: {err}",
+            remediation="check that the url is reachable from the workers",
+            op=op,
+        )
+    return TransientError(f"unexpected failure: {type(err).__name__}: {err}", op=op)
+
+
+def _classify_api(op: str, err: ApiError) -> ClassifiedError:
+    status, message = err.status, err.message
+    if status == 401:
+        return PermanentError(
+            f"Proxmox refused the API token (401 {message})",
+            remediation="fix the token in tokenFile: the token id or its secret is wrong, "
+            "or the token expired or was removed",
+            op=op,
+        )
+    if status == 403:
+        found = _PRIVILEGE.search(message)
+        need = f" (needs {found.group(2)} on {found.group(1)})" if found else ""
+        return PermanentError(
+            f"Proxmox denied the request: {message}{need}",
+            remediation="grant the missing privilege to the token's role "
+            "(docs/operator-guide.md lists the least-privilege roles)",
+            op=op,
+        )
+    if status == 400:
+        return PermanentError(
+            f"Proxmox rejected the request: {err}",
+            remediation="a catalogue value or a template setting is invalid for Proxmox; "
+            "fix the named parameter",
+            op=op,
+        )
+    if 400 <= status < 500:
+        return PermanentError(f"Proxmox will not accept the request: {err}", op=op)
+    if status in (595, 596):
+        return TransientError(
+            f"Proxmox could not reach the node ({status} {message})",
+            remediation="the node is down or unreachable from the cluster; it is retried",
+            op=op,
+        )
+    if status == 500:
+        if _DOES_NOT_EXIST in message:
+            if op == "create":
+                return TransientError(f"a VM or volume vanished during create: {message}", op=op)
+            return NotFoundError(message, op=op)
+        if _LOCKED in message:
+            return TransientError(
+                message, remediation="another Proxmox task holds the VM; it is retried", op=op
+            )
+        if _ALREADY_EXISTS in message:
+            return TransientError(message, remediation="the VMID was taken; retried", op=op)
+        if _AGENT_NOT_RUNNING in message or _NO_AGENT in message or _VM_NOT_RUNNING.match(message):
+            return TransientError(message, op=op)
+    return TransientError(f"Proxmox error: {err}", op=op)
