@@ -427,6 +427,29 @@ class Api:
         )
         return dict(self._data(call, deadline) or {})
 
+    def node_tasks(
+        self,
+        node: str,
+        *,
+        vmid: int | None = None,
+        typefilter: str | None = None,
+        source: str = "active",
+        limit: int = 50,
+        deadline: Deadline | None = None,
+    ) -> list[dict[str, Any]]:
+        """Tasks of a node, newest first; by default only the running ones.
+
+        This is how a step whose reply was lost finds its receipt again: the task it submitted
+        is still listed, so the step polls it instead of submitting a second one.
+        """
+        params = {"source": source, "limit": str(limit)}
+        if vmid is not None:
+            params["vmid"] = str(vmid)
+        if typefilter:
+            params["typefilter"] = typefilter
+        call = Call("node_tasks", "GET", "/nodes/{node}/tasks", {"node": node}, params)
+        return list(self._data(call, deadline) or [])
+
     def task_log(
         self,
         node: str,

@@ -1,0 +1,651 @@
+"""Create, as a resumable step machine: seed 000 entry 10 (with entries 2 to 8).
+
+The stages, in order (each call runs one of them; see ``steps.StepResult``):
+
+``lookup``      validate placement; one ``/cluster/resources`` listing; find the VM by name or
+                judge the VMIDs ``vmid_for(uid, 0..31)`` (entry 2); check the template before
+                allocating (entry 4)
+``lock_wait``   a VMID we must judge is locked or nameless (a clone running): wait for it
+``clone``       full clone with the mark in the description (entry 8)
+``clone_wait``  poll the ``qmclone`` task
+``upload``      build the NoCloud seed and upload it, overwriting (entry 5)
+``upload_wait`` poll the ``imgcopy`` task
+``configure``   one synchronous ``PUT .../config``: cores, memory, agent, tag, seed CD-ROM, net0
+``resize``      grow the boot disk when the machine type asks for more (entry 6)
+``resize_wait`` poll the ``resize`` task
+``start``       start the VM (observed first: a running VM is not started again)
+``start_wait``  poll the ``qmstart`` task
+``running``     read ``status/current`` until the VM runs; then done
+
+What a retry finds (entry 10's table) follows from the record: a UPID in the record is polled,
+never resubmitted; a clone submitted but not recorded is found at its deterministic VMID, locked
+and nameless, waited on and adopted; steps 5 to 7 repeat safely (the upload overwrites, the
+config is compared before it is written, the resize is skipped once large enough).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .api import Api
+from .budgets import Budgets
+from .config import ProxmoxConfig, resolve_machine_type, resolve_template, resolve_zone
+from .deadline import Cancelled, Deadline, DeadlineExceeded
+from .disks import boot_disk, cloudinit_drive, disk_size_bytes, gib
+from .errors import ApiError, PermanentError, ProxmoxError, TransientError
+from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
+from .marks import TAG, render_mark
+from .netcfg import rewrite_net0
+from .ownership import Ownership, is_missing, judge, judge_config
+from .seed import build_seed_iso, seed_iso_name, seed_volid
+from .steps import Progress, StepResult, advance, fail, permanent, poll_task, submit_once
+
+log = logging.getLogger("proxyhub.proxmox.provider")
+
+OP = "create"
+FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """What a create needs: the proxy's identity, placement and cloud-init.
+
+    ``vm_name`` is ``proxy-<Proxy.name>`` (DESIGN.md §2); ``cloud_init`` is the user-data,
+    kept byte for byte and never logged or shown (``repr`` leaves it out).
+    """
+
+    uid: str
+    vm_name: str
+    machine_type: str
+    image: str
+    zone: str = ""
+    cloud_init: bytes = field(default=b"", repr=False)
+
+
+def new_progress() -> Progress:
+    """The record a fresh create starts from."""
+    return {"v": 1, "stage": "lookup", "vmid": None, "node": None, "upid": None, "since": None}
+
+
+class CreateMachine:
+    """Runs one stage of a create per call. Stateless: everything lives in the record."""
+
+    def __init__(
+        self,
+        api: Api,
+        config: ProxmoxConfig,
+        budgets: Budgets,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.budgets = budgets
+        self.clock = clock
+
+    def step(
+        self, req: CreateRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        stage = progress.get("stage", "lookup")
+        handler = getattr(self, f"_{stage}", None)
+        if handler is None:
+            return permanent(
+                progress,
+                stage,
+                f"unknown create stage {stage!r} in the progress record",
+                "the record was written by another proxyhub version; retry the operation",
+                OP,
+            )
+        try:
+            result: StepResult = handler(req, progress, deadline)
+            result.step = stage  # the journal names the stage that ran, whoever built the result
+        except PermanentError as err:
+            return StepResult("error", progress, stage, error=err)
+        except ApiError as err:
+            if is_missing(err) and stage not in ("lookup", "clone"):
+                # The VM vanished between steps: start over from the lookup (entry 10:
+                # "does not exist" inside create is transient, never not-found).
+                return fail(advance(progress, "lookup"), stage, err, op=OP)
+            return fail(progress, stage, err, op=OP)
+        except FAILURES as err:
+            return fail(progress, stage, err, op=OP)
+        if result.status == "done":
+            log.info(
+                "proxmox vm ensured running",
+                extra={
+                    "vmid": progress.get("vmid"),
+                    "vm_name": req.vm_name,
+                    "node": progress.get("node"),
+                    "cloudInitBytes": len(req.cloud_init),
+                },
+            )
+        return result
+
+    # --- lookup and allocation (entries 2, 3, 4) -----------------------------------------
+
+    def _lookup(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        node = resolve_zone(self.config, req.zone)
+        resolve_machine_type(self.config, req.machine_type)
+        template_vmid = resolve_template(self.config, req.image)
+
+        listing = self.api.cluster_resources(deadline=deadline)
+        by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}
+        named = [
+            e
+            for e in listing
+            if e.get("type") == "qemu"
+            and not int(e.get("template") or 0)
+            and e.get("name") == req.vm_name
+        ]
+        if len(named) > 1:
+            vmids = ", ".join(str(e["vmid"]) for e in sorted(named, key=lambda e: int(e["vmid"])))
+            return permanent(
+                progress,
+                "lookup",
+                f"{len(named)} VMs are named {req.vm_name} (VMIDs {vmids})",
+                "remove the duplicates in Proxmox so only one remains, then retry",
+                OP,
+            )
+        if named:
+            entry = named[0]
+            verdict = judge(
+                self.api,
+                int(entry["vmid"]),
+                entry,
+                vm_name=req.vm_name,
+                uid=req.uid,
+                deadline=deadline,
+            )
+            if verdict.verdict in ("busy", "ours"):
+                return self._settle(req, progress, verdict, deadline)
+            # Renamed or destroyed since the listing was built: allocate as if absent.
+
+        # A VMID recorded by an earlier round (a clone we may have submitted) is judged first:
+        # a nameless, locked clone of ours must be waited on, not probed past.
+        recorded = progress.get("vmid")
+        if recorded is not None:
+            verdict = judge(
+                self.api,
+                int(recorded),
+                by_vmid.get(int(recorded)),
+                vm_name=req.vm_name,
+                uid=req.uid,
+                deadline=deadline,
+            )
+            if verdict.verdict in ("busy", "ours"):
+                return self._settle(req, progress, verdict, deadline)
+
+        template_node = self._check_template(template_vmid, by_vmid, deadline)
+        first = int(progress.get("attempt") or 0) if recorded is not None else 0
+        for attempt in range(first, MAX_ATTEMPTS):
+            vmid = vmid_for(req.uid, attempt, self.config.vmid_min, self.config.vmid_max)
+            verdict = judge(
+                self.api,
+                vmid,
+                by_vmid.get(vmid),
+                vm_name=req.vm_name,
+                uid=req.uid,
+                deadline=deadline,
+            )
+            if verdict.verdict == "foreign":
+                continue
+            if verdict.verdict == "free":
+                created_at = progress.get("created_at") or _rfc3339(self.clock())
+                return StepResult(
+                    "continue",
+                    advance(
+                        progress,
+                        "clone",
+                        vmid=vmid,
+                        attempt=attempt,
+                        node=node,
+                        template_vmid=template_vmid,
+                        template_node=template_node,
+                        created_at=created_at,
+                    ),
+                    "lookup",
+                    message=f"VMID {vmid} is free (attempt {attempt})",
+                )
+            return self._settle(req, dict(progress, attempt=attempt), verdict, deadline)
+        raise TransientError(
+            f"no free VMID for {req.vm_name} after {MAX_ATTEMPTS} attempts in "
+            f"{self.config.vmid_min}-{self.config.vmid_max}",
+            remediation="free VMIDs in the range or widen vmidRange",
+            op=OP,
+        )
+
+    def _settle(
+        self,
+        req: CreateRequest,
+        progress: Progress,
+        verdict: Ownership,
+        deadline: Deadline | None,
+    ) -> StepResult:
+        """Act on an ownership verdict for a VMID that is not free."""
+        if verdict.verdict == "busy":
+            return StepResult(
+                "wait",
+                advance(
+                    progress, "lock_wait", vmid=verdict.vmid, node=verdict.node, since=self.clock()
+                ),
+                "lookup",
+                delay=self.budgets.poll_interval,
+                message=f"VM {verdict.vmid} is locked or mid-clone; waiting for it",
+            )
+        if verdict.verdict == "ours":
+            return self._adopt(req, progress, verdict.vmid, str(verdict.node), deadline)
+        # Only "free" and "foreign" remain, and callers handle both before getting here.
+        raise TransientError(f"unexpected verdict {verdict.verdict} for VM {verdict.vmid}", op=OP)
+
+    def _adopt(
+        self,
+        req: CreateRequest,
+        progress: Progress,
+        vmid: int,
+        node: str,
+        deadline: Deadline | None,
+    ) -> StepResult:
+        """Our VM exists: running means done; otherwise continue at the seed upload."""
+        status = self.api.vm_status(node, vmid, deadline=deadline)
+        if status.get("status") == "running":
+            done = advance(progress, "done", vmid=vmid, node=node)
+            return StepResult(
+                "done",
+                done,
+                "lookup",
+                provider_id=format_provider_id(vmid, req.vm_name),
+                message=f"adopted running VM {vmid}",
+            )
+        return StepResult(
+            "continue",
+            advance(progress, "upload", vmid=vmid, node=node),
+            "lookup",
+            message=f"adopted VM {vmid} on {node}",
+        )
+
+    def _check_template(
+        self,
+        template_vmid: int,
+        by_vmid: Mapping[int, Mapping[str, Any]],
+        deadline: Deadline | None,
+    ) -> str:
+        """Entry 4: refuse a template the clone could not use, before any VM exists."""
+        entry = by_vmid.get(template_vmid)
+        if entry is None or entry.get("type") != "qemu":
+            raise PermanentError(
+                f"template VM {template_vmid} does not exist in cluster {self.config.name}",
+                remediation="create the template or point the catalogue's image at an existing one",
+                op=OP,
+            )
+        node = str(entry["node"])
+        config = self.api.vm_config(node, template_vmid, deadline=deadline)
+        problem = template_problem(config, self.config, template_vmid)
+        if problem:
+            raise PermanentError(problem, remediation=TEMPLATE_REMEDIATION, op=OP)
+        return node
+
+    def _lock_wait(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        try:
+            config = self.api.vm_config(node, vmid, deadline=deadline)
+        except ApiError as err:
+            if not is_missing(err):
+                raise
+            # Gone, or moved to its target node when the clone finished: look again.
+            return StepResult("continue", advance(progress, "lookup"), "lock_wait")
+        verdict = judge_config(vmid, node, config, vm_name=req.vm_name, uid=req.uid)
+        if verdict.verdict == "busy":
+            since = progress.get("since") or self.clock()
+            if self.clock() - since > self.budgets.lock_wait:
+                raise TransientError(
+                    f"VM {vmid} stayed locked for more than {int(self.budgets.lock_wait)} s",
+                    remediation=f"if no task runs on it, clear the lock with `qm unlock {vmid}` "
+                    "or destroy the VM",
+                    op=OP,
+                )
+            return StepResult(
+                "wait", dict(progress, since=since), "lock_wait", delay=self.budgets.poll_interval
+            )
+        if verdict.verdict == "ours":
+            return self._adopt(req, progress, vmid, node, deadline)
+        # Foreign now that it is unlocked: probe on from the next attempt.
+        return StepResult(
+            "continue",
+            advance(progress, "lookup", attempt=int(progress.get("attempt") or 0) + 1),
+            "lock_wait",
+            message=f"VM {vmid} belongs to someone else; probing on",
+        )
+
+    # --- clone (entries 4 and 8) ------------------------------------------------------
+
+    def _clone(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        template_node = str(progress["template_node"])
+        description = render_mark(
+            req.uid, _parse_rfc3339(progress["created_at"]), self.config.installation_id
+        )
+        try:
+            upid = self.api.clone(
+                template_node,
+                int(progress["template_vmid"]),
+                newid=vmid,
+                name=req.vm_name,
+                description=description,
+                full=True,
+                storage=self.config.storage,
+                target=node if node != template_node else None,
+                deadline=deadline,
+            )
+        except ApiError as err:
+            if err.status == 500 and "config file already exists" in err.message:
+                # Taken between the listing and the clone, maybe by our own earlier
+                # submission: the ownership check decides (entry 2).
+                return StepResult(
+                    "continue",
+                    advance(progress, "lookup"),
+                    "clone",
+                    message=f"VMID {vmid} was taken; checking whose it is",
+                )
+            raise
+        return StepResult(
+            "wait",
+            advance(progress, "clone_wait", upid=upid, since=self.clock()),
+            "clone",
+            delay=self.budgets.poll_interval,
+            upid=upid,
+            submitted=True,
+            message=f"cloning template {progress['template_vmid']} to VM {vmid}",
+        )
+
+    def _clone_wait(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        def failed(err: Exception) -> StepResult:
+            # Proxmox removed the half-made VM; the next attempt starts over.
+            return fail(advance(progress, "lookup"), "clone_wait", err, op=OP)
+
+        return self._poll(progress, "clone_wait", self.budgets.clone, "upload", deadline, failed)
+
+    # --- seed, config, resize (entries 5, 6, 7) ------------------------------------------
+
+    def _upload(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        node = str(progress["node"])
+        iso = build_seed_iso(
+            user_data=req.cloud_init,
+            instance_id=req.uid,
+            hostname=req.vm_name,
+            vendor_data=self.config.vendor_data,
+            install_guest_agent=self.config.install_guest_agent,
+        )
+        upid = self.api.upload_iso(
+            node,
+            self.config.iso_storage,
+            filename=seed_iso_name(req.vm_name),
+            content=iso,
+            deadline=deadline,
+        )
+        return StepResult(
+            "wait",
+            advance(progress, "upload_wait", upid=upid, since=self.clock()),
+            "upload",
+            delay=self.budgets.poll_interval,
+            upid=upid,
+            submitted=True,
+            message=f"uploaded {seed_iso_name(req.vm_name)} ({len(iso)} bytes)",
+        )
+
+    def _upload_wait(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        return self._poll(progress, "upload_wait", self.budgets.upload, "configure", deadline)
+
+    def _configure(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        config = self.api.vm_config(node, vmid, deadline=deadline)
+        machine = resolve_machine_type(self.config, req.machine_type)
+        wanted = desired_config(config, self.config, req.vm_name, machine.cores, machine.memory_mib)
+        changes = {k: v for k, v in wanted.items() if config.get(k) != v}
+        if changes:
+            self.api.set_vm_config(node, vmid, changes, deadline=deadline)
+        resize = None
+        if machine.disk_gib:
+            disk = boot_disk(config)
+            size = disk_size_bytes(config.get(disk, "")) if disk else None
+            if disk is None or size is None:
+                raise PermanentError(
+                    f"VM {vmid} has no boot disk with a readable size",
+                    remediation=TEMPLATE_REMEDIATION,
+                    op=OP,
+                )
+            if gib(machine.disk_gib) > size:
+                resize = {"disk": disk, "size": f"{machine.disk_gib}G"}
+        stage = "resize" if resize else "start"
+        return StepResult(
+            "continue",
+            advance(progress, stage, resize=resize),
+            "configure",
+            submitted=bool(changes),
+            message="configured "
+            + (", ".join(sorted(changes)) if changes else "nothing (as wanted)"),
+        )
+
+    def _resize(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        resize = progress.get("resize") or {}
+        config = self.api.vm_config(node, vmid, deadline=deadline)
+        size = disk_size_bytes(config.get(resize.get("disk", ""), ""))
+        target = gib(int(str(resize.get("size", "0G")).rstrip("G")))
+        if size is not None and size >= target:
+            # Grown already (a resize submitted by a round whose reply was lost): never shrink.
+            return StepResult(
+                "continue",
+                advance(progress, "start"),
+                "resize",
+                message="disk already large enough",
+            )
+        return self._submit(
+            progress,
+            "resize",
+            "resize_wait",
+            "resize",
+            lambda: self.api.resize(
+                node, vmid, disk=resize["disk"], size=resize["size"], deadline=deadline
+            ),
+            f"growing {resize['disk']} to {resize['size']}",
+            deadline,
+        )
+
+    def _resize_wait(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        return self._poll(progress, "resize_wait", self.budgets.resize, "start", deadline)
+
+    # --- start and running (entry 10 steps 8 and 9) ----------------------------------------
+
+    def _start(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        status = self.api.vm_status(node, vmid, deadline=deadline)
+        if status.get("status") == "running":
+            return StepResult(
+                "continue", advance(progress, "running"), "start", message="already running"
+            )
+        return self._submit(
+            progress,
+            "start",
+            "start_wait",
+            "qmstart",
+            lambda: self.api.start(node, vmid, deadline=deadline),
+            f"starting VM {vmid}",
+            deadline,
+        )
+
+    def _start_wait(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+
+        def failed(err: Exception) -> StepResult:
+            # A qmstart can report failure while the VM runs (peers were bitten): decide on
+            # the observed state, not on the task's exit status alone.
+            if self.api.vm_status(node, vmid, deadline=deadline).get("status") == "running":
+                return StepResult(
+                    "continue",
+                    advance(progress, "running"),
+                    "start_wait",
+                    message=f"start task failed but the VM runs: {err}",
+                )
+            return fail(advance(progress, "start"), "start_wait", err, op=OP)
+
+        return self._poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
+
+    def _running(
+        self, req: CreateRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        status = self.api.vm_status(node, vmid, deadline=deadline)
+        if status.get("status") == "running" and status.get("qmpstatus") == "running":
+            return StepResult(
+                "done",
+                advance(progress, "done"),
+                "running",
+                provider_id=format_provider_id(vmid, req.vm_name),
+                message=f"VM {vmid} is running on {node}",
+            )
+        if status.get("status") != "running":
+            raise TransientError(
+                f"VM {vmid} is {status.get('status')} after its start",
+                remediation="the next attempt starts it again; the node's task log has details",
+                op=OP,
+            )
+        since = progress.get("since") or self.clock()
+        if self.clock() - since > self.budgets.running:
+            raise TransientError(
+                f"VM {vmid} did not reach running within {int(self.budgets.running)} s "
+                f"(qmpstatus {status.get('qmpstatus')})",
+                op=OP,
+            )
+        return StepResult(
+            "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
+        )
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _submit(
+        self,
+        progress: Progress,
+        step: str,
+        next_stage: str,
+        task_type: str,
+        submit: Callable[[], str],
+        message: str,
+        deadline: Deadline | None,
+    ) -> StepResult:
+        return submit_once(
+            self.api,
+            progress,
+            step=step,
+            next_stage=next_stage,
+            node=str(progress["node"]),
+            vmid=int(progress["vmid"]),
+            task_type=task_type,
+            submit=submit,
+            message=message,
+            poll_interval=self.budgets.poll_interval,
+            clock=self.clock,
+            deadline=deadline,
+        )
+
+    def _poll(
+        self,
+        progress: Progress,
+        step: str,
+        budget: float,
+        next_stage: str,
+        deadline: Deadline | None,
+        on_failure: Callable[[Exception], StepResult] | None = None,
+    ) -> StepResult:
+        return poll_task(
+            self.api,
+            progress,
+            step=step,
+            op=OP,
+            budget=budget,
+            poll_interval=self.budgets.poll_interval,
+            next_stage=next_stage,
+            clock=self.clock,
+            deadline=deadline,
+            on_failure=on_failure,
+        )
+
+
+TEMPLATE_REMEDIATION = (
+    "prepare the template as docs/operator-guide.md says (a template VM with a boot disk, net0, "
+    "no cloud-init drive) or point the catalogue at another one"
+)
+
+
+def template_problem(
+    config: Mapping[str, str], cluster: ProxmoxConfig, template_vmid: int
+) -> str | None:
+    """Why a template cannot be used (entry 4), or None."""
+    if str(config.get("template", "0")) != "1":
+        return f"VM {template_vmid} is not a template"
+    drive = cloudinit_drive(config)
+    if drive:
+        return (
+            f"template {template_vmid} has a Proxmox cloud-init drive on {drive}, which would "
+            "compete with proxyhub's seed ISO"
+        )
+    if (cluster.bridge or cluster.vlan_tag) and "net0" not in config:
+        return f"template {template_vmid} has no net0 to put on the configured bridge or VLAN"
+    return None
+
+
+def desired_config(
+    config: Mapping[str, str],
+    cluster: ProxmoxConfig,
+    vm_name: str,
+    cores: int,
+    memory_mib: int,
+) -> dict[str, str]:
+    """The values the configure step writes (entry 10 step 6), as Proxmox stores them."""
+    wanted = {
+        "cores": str(cores),
+        "memory": str(memory_mib),
+        "agent": "1",
+        # The tag replaces the template's tags (entry 10): "template" on a proxy would mislead.
+        "tags": TAG,
+        "ide2": f"{seed_volid(cluster.iso_storage, vm_name)},media=cdrom",
+    }
+    if (cluster.bridge or cluster.vlan_tag) and "net0" in config:
+        wanted["net0"] = rewrite_net0(
+            config["net0"], bridge=cluster.bridge, vlan_tag=cluster.vlan_tag
+        )
+    return wanted
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_rfc3339(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)

@@ -1,0 +1,442 @@
+"""Delete, as a resumable step machine: seed 000 entry 11.
+
+Stages: ``inspect`` (one listing, then the config: is the VM there and ours?), ``stop`` and
+``stop_wait``, ``destroy`` and ``destroy_wait`` (``purge=1&destroy-unreferenced-disks=1``), then
+``seed`` and ``seed_wait`` for the seed ISO on each node that may hold it.
+
+Name and mark are checked again right before every stop and every destroy, not only at
+``inspect``: between two steps our VM may be destroyed by someone else and its VMID given to
+another VM, and a late delete must never destroy that one (the stale-VMID bug CAPMOX #856).
+A VM that is not ours is left alone and only our seed ISO is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .api import Api
+from .budgets import Budgets
+from .config import ProxmoxConfig
+from .deadline import Cancelled, Deadline, DeadlineExceeded
+from .errors import ApiError, PermanentError, ProxmoxError, TaskFailed, TransientError
+from .ids import parse_provider_id
+from .marks import parse_mark
+from .ownership import is_missing
+from .seed import seed_iso_name, seed_volid
+from .steps import Progress, StepResult, advance, fail, permanent, poll_task, submit_once
+
+log = logging.getLogger("proxyhub.proxmox.provider")
+
+OP = "delete"
+FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
+
+
+@dataclass(frozen=True)
+class DeleteRequest:
+    """Which VM to delete: its name, its proxy's UID, and its VMID when one was recorded.
+
+    Without a VMID (a create that never recorded one) the VM is looked up by name.
+    """
+
+    vm_name: str
+    uid: str = ""
+    vmid: int | None = None
+
+    @classmethod
+    def from_provider_id(cls, provider_id: str, uid: str = "") -> DeleteRequest:
+        parsed = parse_provider_id(provider_id)
+        return cls(vm_name=parsed.name, uid=uid, vmid=parsed.vmid)
+
+
+def new_progress() -> Progress:
+    return {"v": 1, "stage": "inspect", "upid": None, "since": None, "destroyed": False}
+
+
+class DeleteMachine:
+    """Runs one stage of a delete per call. Stateless: everything lives in the record."""
+
+    def __init__(
+        self,
+        api: Api,
+        config: ProxmoxConfig,
+        budgets: Budgets,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.budgets = budgets
+        self.clock = clock
+
+    def step(
+        self, req: DeleteRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        stage = progress.get("stage", "inspect")
+        handler = getattr(self, f"_{stage}", None)
+        if handler is None:
+            return permanent(
+                progress,
+                stage,
+                f"unknown delete stage {stage!r} in the progress record",
+                "the record was written by another proxyhub version; retry the operation",
+                OP,
+            )
+        try:
+            result: StepResult = handler(req, progress, deadline)
+            result.step = stage  # the journal names the stage that ran, whoever built the result
+        except PermanentError as err:
+            return StepResult("error", progress, stage, error=err)
+        except FAILURES as err:
+            return fail(progress, stage, err, op=OP)
+        if result.status == "done":
+            log.info(
+                "proxmox vm deleted",
+                extra={
+                    "vmid": progress.get("vmid") or req.vmid,
+                    "vm_name": req.vm_name,
+                    "node": progress.get("node"),
+                    "destroyed": bool(progress.get("destroyed")),
+                },
+            )
+        return result
+
+    # --- inspect ----------------------------------------------------------------------
+
+    def _inspect(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        listing = self.api.cluster_resources(deadline=deadline)
+        entry = _find(listing, req)
+        if entry is None or entry.get("type") != "qemu":
+            return self._seeds_everywhere(progress, "inspect", "no VM of ours at that VMID")
+        vmid, node = int(entry["vmid"]), str(entry["node"])
+        lock = entry.get("lock")
+        if (lock and lock != "suspended") or entry.get("status") == "unknown":
+            why = f"locked ({lock})" if lock else "on a node that does not answer"
+            return self._wait(progress, "inspect", f"VM {vmid} is {why}", vmid=vmid, node=node)
+        try:
+            config = self.api.vm_config(node, vmid, deadline=deadline)
+        except ApiError as err:
+            if is_missing(err):
+                return self._seeds_everywhere(progress, "inspect", f"VM {vmid} is already gone")
+            raise
+        verdict = self._ours(req, vmid, node, config)
+        if verdict is not None:
+            return self._seeds_everywhere(progress, "inspect", verdict)
+        config_lock = config.get("lock")
+        if config_lock == "suspended":
+            raise PermanentError(
+                f"VM {vmid} on {node} ({req.vm_name}) is hibernated (lock: suspended)",
+                remediation="resume or destroy it in Proxmox; the delete then completes",
+                op=OP,
+            )
+        if config_lock:
+            return self._wait(
+                progress, "inspect", f"VM {vmid} is locked ({config_lock})", vmid=vmid, node=node
+            )
+        stage = "destroy" if entry.get("status") == "stopped" else "stop"
+        return StepResult(
+            "continue",
+            advance(progress, stage, vmid=vmid, node=node, ours=True),
+            "inspect",
+            message=f"VM {vmid} on {node} is ours",
+        )
+
+    def _ours(
+        self, req: DeleteRequest, vmid: int, node: str, config: Mapping[str, str]
+    ) -> str | None:
+        """None when the VM is ours; else why it is left alone (logged, never destroyed)."""
+        if config.get("name") != req.vm_name:
+            why = f"VM {vmid} is now named {config.get('name')!r}: its VMID was reused; left alone"
+        else:
+            mark = parse_mark(config.get("description"))
+            if not mark.managed:
+                why = f"VM {vmid} ({req.vm_name}) carries no proxyhub mark; left alone"
+            elif req.uid and mark.uid and mark.uid != req.uid:
+                why = f"VM {vmid} ({req.vm_name}) belongs to proxy uid {mark.uid}; left alone"
+            else:
+                return None
+        log.info(
+            "proxmox vm not ours",
+            extra={"vmid": vmid, "vm_name": req.vm_name, "node": node, "reason": why},
+        )
+        return why
+
+    def _recheck(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult | Mapping[str, str]:
+        """Read the config right before a stop or destroy: still there, still ours?"""
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        try:
+            config = self.api.vm_config(node, vmid, deadline=deadline)
+        except ApiError as err:
+            if is_missing(err):
+                return self._seeds_on(progress, progress["stage"], [node], f"VM {vmid} is gone")
+            raise
+        verdict = self._ours(req, vmid, node, config)
+        if verdict is not None:
+            return self._seeds_everywhere(
+                advance(progress, progress["stage"], ours=False), progress["stage"], verdict
+            )
+        return config
+
+    # --- stop and destroy -------------------------------------------------------------
+
+    def _stop(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        checked = self._recheck(req, progress, deadline)
+        if isinstance(checked, StepResult):
+            return checked
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        if self.api.vm_status(node, vmid, deadline=deadline).get("status") == "stopped":
+            return StepResult(
+                "continue", advance(progress, "destroy"), "stop", message="already stopped"
+            )
+        # Stop (not shutdown): it works on a paused VM too, which the listing shows as running.
+        return self._submit(
+            progress,
+            "stop",
+            "stop_wait",
+            "qmstop",
+            lambda: self.api.stop(node, vmid, deadline=deadline),
+            f"stopping VM {vmid}",
+            deadline,
+        )
+
+    def _stop_wait(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        return self._poll(
+            progress,
+            "stop_wait",
+            self.budgets.stop,
+            "destroy",
+            deadline,
+            lambda err: fail(advance(progress, "stop"), "stop_wait", err, op=OP),
+        )
+
+    def _destroy(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        checked = self._recheck(req, progress, deadline)
+        if isinstance(checked, StepResult):
+            return checked
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        if self.api.vm_status(node, vmid, deadline=deadline).get("status") != "stopped":
+            return StepResult(
+                "continue",
+                advance(progress, "stop"),
+                "destroy",
+                message="running again; stopping first",
+            )
+        try:
+            return self._submit(
+                progress,
+                "destroy",
+                "destroy_wait",
+                "qmdestroy",
+                lambda: self.api.destroy(
+                    node, vmid, purge=True, destroy_unreferenced_disks=True, deadline=deadline
+                ),
+                f"destroying VM {vmid}",
+                deadline,
+            )
+        except ApiError as err:
+            if is_missing(err):
+                return self._seeds_on(progress, "destroy", [node], f"VM {vmid} is gone")
+            raise
+
+    def _destroy_wait(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        node = str(progress["node"])
+
+        def failed(err: TaskFailed) -> StepResult:
+            if "does not exist" in err.exitstatus:
+                return self._seeds_on(progress, "destroy_wait", [node], "VM already gone")
+            return fail(advance(progress, "destroy"), "destroy_wait", err, op=OP)
+
+        result = self._poll(
+            progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed
+        )
+        if result.status == "continue" and result.progress["stage"] == "seed":
+            result.progress.update(destroyed=True, seed_nodes=[node], seed_everywhere=False)
+        return result
+
+    # --- the seed ISO (entry 11 step 7) -----------------------------------------------
+
+    def _seed(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        nodes = list(progress.get("seed_nodes") or [])
+        if not nodes:
+            return StepResult(
+                "done",
+                advance(progress, "done"),
+                "seed",
+                message="deleted" if progress.get("destroyed") else "nothing to destroy",
+            )
+        node = nodes[0]
+        volid = seed_volid(self.config.iso_storage, req.vm_name)
+        try:
+            upid = self.api.delete_volume(node, self.config.iso_storage, volid, deadline=deadline)
+        except (Cancelled, DeadlineExceeded):
+            raise
+        except ProxmoxError as err:
+            return self._seed_failed(progress, "seed", node, err)
+        if upid is None:
+            return StepResult("continue", dict(progress, seed_nodes=nodes[1:]), "seed")
+        return self._submitted(
+            progress, "seed", "seed_wait", upid, f"deleting {seed_iso_name(req.vm_name)} on {node}"
+        )
+
+    def _seed_wait(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        nodes = list(progress.get("seed_nodes") or [])
+        node = nodes[0] if nodes else ""
+        try:
+            result = self._poll(
+                progress,
+                "seed_wait",
+                self.budgets.seed_delete,
+                "seed",
+                deadline,
+                lambda err: self._seed_failed(progress, "seed_wait", node, err),
+            )
+        except (Cancelled, DeadlineExceeded):
+            raise
+        except ProxmoxError as err:
+            return self._seed_failed(progress, "seed_wait", node, err)
+        if result.status == "continue" and result.progress["stage"] == "seed":
+            result.progress["seed_nodes"] = nodes[1:]
+        return result
+
+    def _seed_failed(self, progress: Progress, step: str, node: str, err: Exception) -> StepResult:
+        """A missing volume is a successful task, so a failure here is real. On the every-node
+        path it is logged and the node skipped; on the VM's own node it fails the delete."""
+        if not progress.get("seed_everywhere"):
+            return fail(advance(progress, "seed"), step, err, op=OP)
+        log.info("proxmox seed delete skipped", extra={"node": node, "reason": str(err)})
+        nodes = list(progress.get("seed_nodes") or [])
+        return StepResult(
+            "continue",
+            advance(progress, "seed", seed_nodes=nodes[1:]),
+            step,
+            message=f"seed delete on {node} skipped: {err}",
+        )
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _seeds_everywhere(self, progress: Progress, step: str, message: str) -> StepResult:
+        return StepResult(
+            "continue",
+            advance(progress, "seed", seed_nodes=list(self.config.nodes), seed_everywhere=True),
+            step,
+            message=message,
+        )
+
+    def _seeds_on(
+        self, progress: Progress, step: str, nodes: list[str], message: str
+    ) -> StepResult:
+        return StepResult(
+            "continue",
+            advance(progress, "seed", seed_nodes=nodes, seed_everywhere=False),
+            step,
+            message=message,
+        )
+
+    def _wait(self, progress: Progress, step: str, message: str, **changes: Any) -> StepResult:
+        since = progress.get("since") or self.clock()
+        if self.clock() - since > self.budgets.lock_wait:
+            raise TransientError(
+                f"{message} for more than {int(self.budgets.lock_wait)} s",
+                remediation="the delete is retried; clear a stuck lock with `qm unlock <vmid>`",
+                op=OP,
+            )
+        return StepResult(
+            "wait",
+            dict(progress, since=since, **changes),
+            step,
+            delay=self.budgets.poll_interval,
+            message=message,
+        )
+
+    def _submit(
+        self,
+        progress: Progress,
+        step: str,
+        next_stage: str,
+        task_type: str,
+        submit: Callable[[], str],
+        message: str,
+        deadline: Deadline | None,
+    ) -> StepResult:
+        return submit_once(
+            self.api,
+            progress,
+            step=step,
+            next_stage=next_stage,
+            node=str(progress["node"]),
+            vmid=int(progress["vmid"]),
+            task_type=task_type,
+            submit=submit,
+            message=message,
+            poll_interval=self.budgets.poll_interval,
+            clock=self.clock,
+            deadline=deadline,
+        )
+
+    def _submitted(
+        self, progress: Progress, step: str, next_stage: str, upid: str, message: str
+    ) -> StepResult:
+        return StepResult(
+            "wait",
+            advance(progress, next_stage, upid=upid, since=self.clock()),
+            step,
+            delay=self.budgets.poll_interval,
+            upid=upid,
+            submitted=True,
+            message=message,
+        )
+
+    def _poll(
+        self,
+        progress: Progress,
+        step: str,
+        budget: float,
+        next_stage: str,
+        deadline: Deadline | None,
+        on_failure: Callable[[TaskFailed], StepResult],
+    ) -> StepResult:
+        return poll_task(
+            self.api,
+            progress,
+            step=step,
+            op=OP,
+            budget=budget,
+            poll_interval=self.budgets.poll_interval,
+            next_stage=next_stage,
+            clock=self.clock,
+            deadline=deadline,
+            on_failure=on_failure,
+        )
+
+
+def _find(listing: list[dict[str, Any]], req: DeleteRequest) -> dict[str, Any] | None:
+    """The listing entry at the recorded VMID, or the one VM with the name when none was."""
+    if req.vmid is not None:
+        return next((e for e in listing if int(e.get("vmid", -1)) == req.vmid), None)
+    named = [
+        e
+        for e in listing
+        if e.get("type") == "qemu"
+        and e.get("name") == req.vm_name
+        and not int(e.get("template") or 0)
+    ]
+    return named[0] if len(named) == 1 else None

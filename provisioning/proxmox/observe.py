@@ -1,0 +1,276 @@
+"""Reading what Proxmox holds: get (seed 000 entries 7 and 9), list (entry 12), orphan seeds.
+
+None of these write. ``get`` and ``list_managed`` accept a ``/cluster/resources`` listing the
+caller already has, so a reconcile round makes one listing per cluster for all its proxies.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from .addresses import pick_address
+from .api import Api
+from .config import ProxmoxConfig
+from .deadline import Cancelled, Deadline, DeadlineExceeded
+from .errors import ApiError, NotFoundError, ProxmoxError, TransientError, classify
+from .ids import format_provider_id, parse_provider_id
+from .marks import TAG, has_tag, parse_mark
+
+log = logging.getLogger("proxyhub.proxmox.provider")
+
+State = Literal["Running", "Provisioning", "Stopped"]
+
+# Agent answers of entry 7 (pve-reference §3.3), matched in this order: the last is a suffix
+# of the first.
+_AGENT_NOT_RUNNING = "QEMU guest agent is not running"
+_NO_AGENT = "No QEMU guest agent configured"
+_VM_NOT_RUNNING = re.compile(r"^VM [0-9]+ is not running$")
+_SEED_NAME = re.compile(r"^(proxy-[a-z0-9]([a-z0-9-]*[a-z0-9])?)-seed\.iso$")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A VM of ours as Proxmox shows it.
+
+    ``state`` is ``Running`` only with an address (DESIGN.md §4's phases are derived from it).
+    ``uid``, ``created_at`` and ``installation`` come from the description mark on every read.
+    """
+
+    provider_id: str
+    vmid: int
+    name: str
+    node: str
+    state: State
+    ip: str | None = None
+    uid: str = ""
+    created_at: datetime | None = None
+    installation: str = ""
+    status: str = ""
+    qmpstatus: str = ""
+    lock: str | None = None
+    agent: str = ""
+
+
+def map_state(status: str, qmpstatus: str) -> State | None:
+    """Entry 9's ``status/current`` rows: None means "the agent decides"."""
+    if status != "running":
+        return "Stopped"
+    if qmpstatus == "running":
+        return None
+    if qmpstatus == "prelaunch":
+        return "Provisioning"
+    return "Stopped"
+
+
+def get(
+    api: Api,
+    provider_id: str,
+    *,
+    listing: Sequence[Mapping[str, Any]] | None = None,
+    deadline: Deadline | None = None,
+) -> Instance:
+    """Entry 9, in its order; the first matching row decides."""
+    pid = parse_provider_id(provider_id)
+    try:
+        if listing is None:
+            listing = api.cluster_resources(deadline=deadline)
+        entry = next((e for e in listing if int(e.get("vmid", -1)) == pid.vmid), None)
+        if entry is None or entry.get("type") != "qemu":
+            raise NotFoundError(f"VM {pid.vmid} ({pid.name}) does not exist", op="get")
+        node = str(entry.get("node", ""))
+        lock = entry.get("lock")
+        if lock and lock != "suspended":
+            raise TransientError(f"VM {pid.vmid} is locked ({lock})", op="get")
+        if entry.get("status") == "unknown":
+            raise TransientError(
+                f"VM {pid.vmid} is on node {node}, which does not answer", op="get"
+            )
+        try:
+            config = api.vm_config(node, pid.vmid, deadline=deadline)
+        except ApiError as err:
+            raise classify("get", err) from err
+        if config.get("lock") and config["lock"] != "suspended":
+            raise TransientError(f"VM {pid.vmid} is locked ({config['lock']})", op="get")
+        if config.get("name") != pid.name:
+            log.info(
+                "proxmox vmid reused",
+                extra={"vmid": pid.vmid, "vm_name": pid.name, "found": config.get("name")},
+            )
+            raise NotFoundError(
+                f"VM {pid.vmid} is now {config.get('name')!r}, not {pid.name}: ours is gone",
+                op="get",
+            )
+        mark = parse_mark(config.get("description"))
+        if not mark.managed:
+            log.info("proxmox vm not ours", extra={"vmid": pid.vmid, "vm_name": pid.name})
+            raise NotFoundError(f"VM {pid.vmid} ({pid.name}) carries no proxyhub mark", op="get")
+        base = Instance(
+            provider_id=provider_id,
+            vmid=pid.vmid,
+            name=pid.name,
+            node=node,
+            uid=mark.uid,
+            created_at=mark.created_at,
+            installation=mark.installation,
+            agent=config.get("agent", ""),
+            state="Stopped",
+        )
+        if config.get("lock") == "suspended" or lock == "suspended":
+            return replace(base, lock="suspended", status="stopped")
+        status = api.vm_status(node, pid.vmid, deadline=deadline)
+        st, qmp = str(status.get("status", "")), str(status.get("qmpstatus", ""))
+        mapped = map_state(st, qmp)
+        if mapped is not None:
+            return replace(base, state=mapped, status=st, qmpstatus=qmp)
+        state, ip = agent_state(api, node, pid.vmid, deadline=deadline)
+        instance = replace(base, state=state, ip=ip, status=st, qmpstatus=qmp)
+        log.info(
+            "proxmox vm fetched",
+            extra={"vmid": pid.vmid, "vm_name": pid.name, "node": node, "state": state, "ip": ip},
+        )
+        return instance
+    except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
+        raise classify("get", err) from err
+
+
+def agent_state(
+    api: Api, node: str, vmid: int, *, deadline: Deadline | None = None
+) -> tuple[State, str | None]:
+    """Entry 7's agent table for a VM that runs."""
+    try:
+        interfaces = api.agent_network_interfaces(node, vmid, deadline=deadline)
+    except ApiError as err:
+        if err.status == 500:
+            if _AGENT_NOT_RUNNING in err.message:
+                return "Provisioning", None
+            if _NO_AGENT in err.message:
+                # This VM can never report an address: Stopped, so it gets replaced.
+                return "Stopped", None
+            if _VM_NOT_RUNNING.match(err.message):
+                raise TransientError(f"VM {vmid} stopped while being read", op="get") from err
+        raise
+    ip = pick_address(interfaces)
+    return ("Running", ip) if ip else ("Provisioning", None)
+
+
+@dataclass(frozen=True)
+class ManagedVM:
+    """A managed VM of this installation, as GC reads it (entry 12)."""
+
+    provider_id: str
+    vmid: int
+    name: str
+    node: str
+    uid: str
+    created_at: datetime | None
+
+
+def is_candidate(entry: Mapping[str, Any]) -> bool:
+    """Entry 12: qemu, not a template, named ``proxy-*`` or tagged ``proxyhub``; named at all."""
+    if entry.get("type") != "qemu" or int(entry.get("template") or 0):
+        return False
+    name = entry.get("name")
+    if not name:
+        return False  # a clone in progress: its create is live and younger than any min age
+    return str(name).startswith("proxy-") or has_tag(entry.get("tags"), TAG)
+
+
+def list_managed(
+    api: Api,
+    config: ProxmoxConfig,
+    *,
+    listing: Sequence[Mapping[str, Any]] | None = None,
+    deadline: Deadline | None = None,
+) -> list[ManagedVM]:
+    """Managed VMs of this installation only: one listing plus one config read per candidate.
+
+    The listing failing fails the call; a candidate whose config cannot be read is skipped
+    and logged (a node down, a VM destroyed mid-sweep), unless the deadline ended.
+    """
+    if listing is None:
+        try:
+            listing = api.cluster_resources(deadline=deadline)
+        except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
+            raise classify("list", err) from err
+    found: list[ManagedVM] = []
+    candidates = [e for e in listing if is_candidate(e)]
+    for entry in candidates:
+        vmid, node, name = int(entry["vmid"]), str(entry["node"]), str(entry["name"])
+        try:
+            vm_config = api.vm_config(node, vmid, deadline=deadline)
+        except (Cancelled, DeadlineExceeded) as err:
+            raise classify("list", err) from err
+        except ProxmoxError as err:
+            log.info(
+                "proxmox candidate skipped", extra={"vmid": vmid, "node": node, "reason": str(err)}
+            )
+            continue
+        mark = parse_mark(vm_config.get("description"))
+        if not mark.managed or mark.installation != config.installation_id:
+            continue
+        found.append(
+            ManagedVM(format_provider_id(vmid, name), vmid, name, node, mark.uid, mark.created_at)
+        )
+    log.info("proxmox vms listed", extra={"candidates": len(candidates), "managed": len(found)})
+    return found
+
+
+@dataclass(frozen=True)
+class SeedVolume:
+    """A ``proxy-*-seed.iso`` on the ISO storage of one node."""
+
+    node: str
+    volid: str
+    vm_name: str
+    ctime: int | None
+    size: int | None
+
+
+def list_seeds(
+    api: Api, config: ProxmoxConfig, *, deadline: Deadline | None = None
+) -> list[SeedVolume]:
+    """Every seed ISO on ``isoStorage`` of every configured node (nodes that fail are skipped)."""
+    seeds: list[SeedVolume] = []
+    for node in config.nodes:
+        try:
+            items = api.storage_content(node, config.iso_storage, content="iso", deadline=deadline)
+        except (Cancelled, DeadlineExceeded) as err:
+            raise classify("list", err) from err
+        except ProxmoxError as err:
+            log.info("proxmox seed listing skipped", extra={"node": node, "reason": str(err)})
+            continue
+        for item in items:
+            filename = str(item.get("volid", "")).split("/", 1)[-1]
+            match = _SEED_NAME.match(filename)
+            if match:
+                seeds.append(
+                    SeedVolume(
+                        node,
+                        str(item["volid"]),
+                        match.group(1),
+                        _int_or_none(item.get("ctime")),
+                        _int_or_none(item.get("size")),
+                    )
+                )
+    return seeds
+
+
+def orphan_seeds(
+    seeds: Iterable[SeedVolume], listing: Sequence[Mapping[str, Any]]
+) -> list[SeedVolume]:
+    """Seeds no VM in the cluster is named for. Any VM counts, of any installation: a seed a
+    VM still boots from must never go, and names are in the listing, so this costs nothing."""
+    names = {str(e.get("name")) for e in listing if e.get("name")}
+    return [s for s in seeds if s.vm_name not in names]
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,196 @@
+"""The Proxmox provider: seed 000's Create, Get, Delete, ListByTag and Check, in one place.
+
+Two ways to drive create and delete:
+
+* step by step (``create_step`` / ``delete_step``): what proxyhub's Celery tasks do, so no worker
+  slot is held while Proxmox works; the caller persists each ``StepResult.progress``;
+* blocking (``create`` / ``delete``): the same machine driven with sleeps, for commands, tests
+  and anyone without a journal. These hold a per-name lock (entry 19) so a delete and a create
+  of one VM never interleave inside one process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from .api import Api
+from .budgets import Budgets
+from .checker import NodeCheck
+from .checker import check as check_nodes
+from .config import ProxmoxConfig
+from .create import CreateMachine, CreateRequest
+from .create import new_progress as new_create_progress
+from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
+from .delete import DeleteMachine, DeleteRequest
+from .delete import new_progress as new_delete_progress
+from .errors import classify
+from .observe import (
+    Instance,
+    ManagedVM,
+    SeedVolume,
+    get,
+    list_managed,
+    list_seeds,
+    orphan_seeds,
+)
+from .steps import Progress, StepResult
+
+
+class Provider:
+    """Seed 000's provider over one ``Api`` and one cluster's ``ProxmoxConfig``."""
+
+    def __init__(
+        self,
+        api: Api,
+        config: ProxmoxConfig,
+        *,
+        budgets: Budgets | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.budgets = budgets or Budgets()
+        self._create = CreateMachine(api, config, self.budgets, clock=clock)
+        self._delete = DeleteMachine(api, config, self.budgets, clock=clock)
+        self._locks = _KeyedLock()
+
+    # --- create -----------------------------------------------------------------------
+
+    @staticmethod
+    def new_create_progress() -> Progress:
+        return new_create_progress()
+
+    def create_step(
+        self, req: CreateRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        return self._create.step(req, progress, deadline=deadline)
+
+    def create(self, req: CreateRequest, *, deadline: Deadline | None = None) -> str:
+        """Create (or adopt) the VM and return its provider id once it runs (entry 10)."""
+        with self._locks.hold(req.vm_name, deadline):
+            result = self._drive(
+                lambda p: self.create_step(req, p, deadline=deadline),
+                new_create_progress(),
+                deadline,
+                "create",
+            )
+        assert result.provider_id is not None
+        return result.provider_id
+
+    # --- delete -----------------------------------------------------------------------
+
+    @staticmethod
+    def new_delete_progress() -> Progress:
+        return new_delete_progress()
+
+    def delete_step(
+        self, req: DeleteRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        return self._delete.step(req, progress, deadline=deadline)
+
+    def delete(self, provider_id: str, *, uid: str = "", deadline: Deadline | None = None) -> None:
+        """Delete the VM, its disks and its seed ISO (entry 11). Succeeds when already gone."""
+        req = DeleteRequest.from_provider_id(provider_id, uid)  # malformed: PermanentError
+        with self._locks.hold(req.vm_name, deadline):
+            self._drive(
+                lambda p: self.delete_step(req, p, deadline=deadline),
+                new_delete_progress(),
+                deadline,
+                "delete",
+            )
+
+    # --- reads ------------------------------------------------------------------------
+
+    def get(
+        self,
+        provider_id: str,
+        *,
+        listing: Sequence[Mapping[str, Any]] | None = None,
+        deadline: Deadline | None = None,
+    ) -> Instance:
+        return get(self.api, provider_id, listing=listing, deadline=deadline)
+
+    def list_managed(
+        self,
+        *,
+        listing: Sequence[Mapping[str, Any]] | None = None,
+        deadline: Deadline | None = None,
+    ) -> list[ManagedVM]:
+        return list_managed(self.api, self.config, listing=listing, deadline=deadline)
+
+    def list_orphan_seeds(
+        self,
+        *,
+        listing: Sequence[Mapping[str, Any]] | None = None,
+        deadline: Deadline | None = None,
+    ) -> list[SeedVolume]:
+        """Seed ISOs on ``isoStorage`` whose VM no longer exists (DESIGN.md §2)."""
+        try:
+            if listing is None:
+                listing = self.api.cluster_resources(deadline=deadline)
+        except Exception as err:
+            raise classify("list", err) from err
+        return orphan_seeds(list_seeds(self.api, self.config, deadline=deadline), listing)
+
+    def check(self, *, deadline: Deadline | None = None) -> list[NodeCheck]:
+        return check_nodes(self.api, self.config, deadline=deadline)
+
+    # --- driving the machine ------------------------------------------------------------
+
+    @staticmethod
+    def _drive(
+        step: Callable[[Progress], StepResult],
+        progress: Progress,
+        deadline: Deadline | None,
+        op: str,
+    ) -> StepResult:
+        waiter = effective(deadline)
+        while True:
+            result = step(progress)
+            progress = result.progress
+            if result.status == "done":
+                return result
+            if result.status == "error":
+                assert result.error is not None
+                raise result.error
+            if result.status == "wait":
+                try:
+                    waiter.sleep(result.delay)
+                except (Cancelled, DeadlineExceeded) as err:
+                    raise classify(op, err) from err
+
+
+class _KeyedLock:
+    """One slot per key, waitable with a deadline, forgotten once unused (entry 19)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextmanager
+    def hold(self, key: str, deadline: Deadline | None) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.get(key, (threading.Lock(), 0))
+            self._locks[key] = (lock, users + 1)
+        try:
+            waiter = effective(deadline)
+            while not lock.acquire(timeout=0.05):
+                try:
+                    waiter.check()
+                except (Cancelled, DeadlineExceeded) as err:
+                    raise classify("lock", err) from err
+            try:
+                yield
+            finally:
+                lock.release()
+        finally:
+            with self._guard:
+                lock, users = self._locks[key]
+                if users <= 1:
+                    del self._locks[key]
+                else:
+                    self._locks[key] = (lock, users - 1)

@@ -1,0 +1,172 @@
+"""The resumable step machine shared by create and delete.
+
+A long Proxmox operation (seed 000 entries 10 and 11) is cut into steps. Each call to a step
+function performs at most one Proxmox mutation or one task poll (plus the reads it needs to
+decide) and returns a ``StepResult``: what happened, the new progress record, and what comes
+next. The caller persists ``progress`` (a small JSON-serialisable dict) before anything else, so
+a fresh process given only that record continues where the last one stopped.
+
+Receipts (seed 001): a step that submits a Proxmox task returns its UPID at once, with the next
+step polling it; a record holding a UPID is only ever polled, never submitted again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .api import Api
+from .deadline import Deadline
+from .errors import ClassifiedError, PermanentError, TaskFailed, TransientError, classify
+from .tasks import read_task
+
+Status = Literal["continue", "wait", "done", "error"]
+Progress = dict[str, Any]
+
+
+@dataclass
+class StepResult:
+    """What one step did and what comes next.
+
+    * ``continue``: call again at once with ``progress``;
+    * ``wait``: call again after ``delay`` seconds (a Proxmox task or a boot is in progress);
+    * ``done``: finished; ``provider_id`` holds the VM's id for a create;
+    * ``error``: ``error`` says why; ``progress`` is the record to resume from (a transient
+      error is retried from it, a permanent one waits for an operator).
+
+    ``step`` names the step that ran (for the journal), ``upid`` the task it submitted or
+    polled, ``submitted`` whether it sent a mutation to Proxmox.
+    """
+
+    status: Status
+    progress: Progress
+    step: str
+    delay: float = 0.0
+    upid: str | None = None
+    submitted: bool = False
+    message: str = ""
+    provider_id: str | None = None
+    error: ClassifiedError | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def advance(progress: Progress, stage: str, **changes: Any) -> Progress:
+    """A copy of ``progress`` moved to ``stage``: the task handle and wait timer are cleared."""
+    out = dict(progress)
+    out.update(stage=stage, upid=None, since=None)
+    out.update(changes)
+    return out
+
+
+def poll_task(
+    api: Api,
+    progress: Progress,
+    *,
+    step: str,
+    op: str,
+    budget: float,
+    poll_interval: float,
+    next_stage: str,
+    clock: Callable[[], float] = time.time,
+    deadline: Deadline | None = None,
+    on_failure: Callable[[TaskFailed], StepResult] | None = None,
+) -> StepResult:
+    """Read the recorded task once: still running means wait; ended means move on.
+
+    The wait's start is kept in the record (``since``, wall clock, so it survives a move to
+    another worker). When the budget runs out the error is transient and names the UPID; the
+    task keeps running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
+    """
+    upid = progress["upid"]
+    outcome = read_task(api, upid, deadline=deadline)
+    now = clock()
+    if outcome.state == "running":
+        since = progress.get("since") or now
+        waiting = dict(progress, since=since)
+        if now - since > budget:
+            return StepResult(
+                "error",
+                waiting,
+                step,
+                upid=upid,
+                error=TransientError(
+                    f"Proxmox task {upid} still running after {int(budget)} s",
+                    remediation="it keeps running on Proxmox; the next attempt polls it again",
+                    op=op,
+                ),
+            )
+        return StepResult("wait", waiting, step, delay=poll_interval, upid=upid)
+    if outcome.state == "failed":
+        failure = TaskFailed(upid, outcome.exitstatus)
+        if on_failure is not None:
+            return on_failure(failure)
+        return StepResult("error", progress, step, upid=upid, error=classify(op, failure))
+    message = outcome.exitstatus if outcome.state == "warnings" else ""
+    return StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
+
+
+def fail(progress: Progress, step: str, err: BaseException, *, op: str) -> StepResult:
+    """An ``error`` result for ``err``, classified for ``op``."""
+    return StepResult("error", progress, step, error=classify(op, err))
+
+
+def permanent(progress: Progress, step: str, message: str, remediation: str, op: str) -> StepResult:
+    return StepResult(
+        "error",
+        progress,
+        step,
+        error=PermanentError(message, remediation=remediation, op=op),
+    )
+
+
+def running_task(
+    api: Api, node: str, vmid: int, task_type: str, *, deadline: Deadline | None = None
+) -> str | None:
+    """The UPID of a ``task_type`` task still running for ``vmid`` on ``node``, if any.
+
+    A step about to submit a task first looks for one already running: when a worker died
+    after submitting but before its record was saved, the task is still listed, and the step
+    takes its UPID as the receipt instead of submitting the mutation a second time (seed 001).
+    """
+    for task in api.node_tasks(node, vmid=vmid, typefilter=task_type, deadline=deadline):
+        if task.get("type") == task_type and str(task.get("id")) == str(vmid):
+            return str(task["upid"])
+    return None
+
+
+def submit_once(
+    api: Api,
+    progress: Progress,
+    *,
+    step: str,
+    next_stage: str,
+    node: str,
+    vmid: int,
+    task_type: str,
+    submit: Callable[[], str],
+    message: str,
+    poll_interval: float,
+    clock: Callable[[], float] = time.time,
+    deadline: Deadline | None = None,
+) -> StepResult:
+    """Submit a VM task, unless one of that type already runs for the VM: then adopt its UPID.
+
+    Either way the result carries the UPID and the next stage polls it.
+    """
+    upid = running_task(api, node, vmid, task_type, deadline=deadline)
+    submitted = upid is None
+    if upid is None:
+        upid = submit()
+    else:
+        message = f"found running {task_type} task {upid}; waiting for it instead"
+    return StepResult(
+        "wait",
+        advance(progress, next_stage, upid=upid, since=clock()),
+        step,
+        delay=poll_interval,
+        upid=upid,
+        submitted=submitted,
+        message=message,
+    )

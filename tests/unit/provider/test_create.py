@@ -1,0 +1,304 @@
+"""Create (seed 000 entries 2, 4 to 8 and 10) over the in-process simulator."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from provider_world import CLOUDINIT_TEMPLATE, GOOD_TEMPLATE, World, catalogue
+
+from provisioning.proxmox.budgets import Budgets
+from provisioning.proxmox.config import ProxmoxConfig
+from provisioning.proxmox.create import CreateRequest
+from provisioning.proxmox.deadline import Deadline
+from provisioning.proxmox.errors import PermanentError, TransientError
+from provisioning.proxmox.ids import vmid_for
+from provisioning.proxmox.marks import parse_mark, render_mark
+from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.seed import build_seed_iso, seed_volid
+from provisioning.proxmox.simulator.inprocess import sim_api
+
+CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
+START = "POST /nodes/{node}/qemu/{vmid}/status/start"
+RESIZE = "PUT /nodes/{node}/qemu/{vmid}/resize"
+UPLOAD = "POST /nodes/{node}/storage/{storage}/upload"
+VOLUME = "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
+TASK = "GET /nodes/{node}/tasks/{upid}/status"
+
+
+def test_create_returns_only_when_running(world: World) -> None:
+    req = world.request("run")
+    result = world.create(req)
+    assert result.status == "done"
+    vmid = int(result.provider_id.split("/")[1])
+    status = world.api.vm_status("pve1", vmid)
+    assert (status["status"], status["qmpstatus"]) == ("running", "running")
+    # Every step before the last left the VM not yet reported: no "done" came early.
+    assert [r.status for r in world.results].count("done") == 1
+    assert world.results[-1].step == "running"
+
+
+def test_create_repeat_returns_same_id_and_creates_nothing(world: World) -> None:
+    req = world.request("again")
+    first = world.create(req)
+    world.settle()
+    before = len(world.engine.ledger.mutations())
+    second = world.create(req)
+    assert second.provider_id == first.provider_id
+    assert len(world.engine.ledger.mutations()) == before
+    assert len(world.vms_named("proxy-again")) == 1
+
+
+def test_create_writes_mark_tag_seed_and_sizes(world: World) -> None:
+    req = world.request("marked", zone="pve2")
+    result = world.create(req)
+    vmid = int(result.provider_id.split("/")[1])
+    assert vmid == vmid_for(req.uid, 0, 100000, 199999)
+    config = world.api.vm_config("pve2", vmid)
+    mark = parse_mark(config["description"])
+    assert (mark.managed, mark.uid, mark.installation) == (True, req.uid, "inst-test")
+    assert mark.created_at is not None
+    assert config["tags"] == "proxyhub"
+    assert (config["cores"], config["memory"], config["agent"]) == ("1", "1024", "1")
+    assert config["ide2"] == "proxy-seeds:iso/proxy-marked-seed.iso,media=cdrom"
+    assert "size=10G" in config["scsi0"]
+    clone = world.engine.ledger.calls("POST", CLONE)[0]
+    # Cloned from the template's node onto pve2 with target=, as a full clone (entry 4).
+    assert clone.path_params["node"] == "pve1"
+    assert clone.params["target"] == "pve2" and clone.params["full"] == "1"
+
+
+def test_create_template_with_cloud_init_drive_is_permanent(world: World) -> None:
+    result = world.create(world.request("ci", image="debian-13-cloudinit"))
+    assert result.status == "error"
+    assert isinstance(result.error, PermanentError)
+    assert "cloud-init drive" in str(result.error) and str(CLOUDINIT_TEMPLATE) in str(result.error)
+    assert world.engine.ledger.mutations() == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "text"),
+    [
+        ("zone", "pve9", 'placement.zone "pve9" is not in proxmox.nodes'),
+        ("machine_type", "huge", 'placement.machineType "huge" is not in proxmox.machineTypes'),
+        ("image", "arch", 'placement.image "arch" is not in proxmox.templates'),
+    ],
+)
+def test_create_unknown_placement_is_permanent_before_any_call(
+    world: World, field: str, value: str, text: str
+) -> None:
+    result = world.create(world.request("bad", **{field: value}))
+    assert isinstance(result.error, PermanentError)
+    assert text in str(result.error)
+    assert world.engine.ledger.calls() == []
+
+
+def test_create_template_that_is_not_a_template_is_permanent(world: World) -> None:
+    config = ProxmoxConfig.from_mapping(
+        {**catalogue(), "templates": {"debian-13": {"vmid": 100}}},
+        installation_id="inst-test",
+    )
+    provider = Provider(world.api, config, clock=world.clock)
+    result = world.create(world.request("nt"), provider)
+    assert isinstance(result.error, PermanentError)
+    assert "VM 100 is not a template" in str(result.error)
+
+
+def test_create_taken_vmid_inspected_before_probing(world: World) -> None:
+    # A foreign VM at attempt 0 is probed past ...
+    req = world.request("probe")
+    first = vmid_for(req.uid, 0, 100000, 199999)
+    upid = world.api.clone("pve1", GOOD_TEMPLATE, newid=first, name="someone-else")
+    world.engine.control.advance(30)
+    assert world.api.task_status("pve1", upid)["exitstatus"] == "OK"
+    result = world.create(req)
+    assert result.provider_id == f"vms/{vmid_for(req.uid, 1, 100000, 199999)}/proxy-probe"
+    assert world.api.vm_config("pve1", first)["name"] == "someone-else"
+
+    # ... and ours at attempt 0 (cloned, never started) is adopted: no second clone.
+    req2 = world.request("adopt")
+    vmid = vmid_for(req2.uid, 0, 100000, 199999)
+    mark = render_mark(req2.uid, _now(world), "inst-test")
+    world.api.clone("pve1", GOOD_TEMPLATE, newid=vmid, name="proxy-adopt", description=mark)
+    world.engine.control.advance(30)
+    clones = world.engine.ledger.count("POST", CLONE)
+    result = world.create(req2)
+    assert result.provider_id == f"vms/{vmid}/proxy-adopt"
+    assert world.engine.ledger.count("POST", CLONE) == clones
+    assert world.api.vm_status("pve1", vmid)["status"] == "running"
+
+
+def test_create_same_name_without_our_mark_is_permanent(world: World) -> None:
+    req = world.request("squat")
+    vmid = vmid_for(req.uid, 0, 100000, 199999)
+    world.api.clone("pve1", GOOD_TEMPLATE, newid=vmid, name="proxy-squat")
+    world.engine.control.advance(30)
+    result = world.create(req)
+    assert isinstance(result.error, PermanentError)
+    assert str(vmid) in str(result.error) and req.uid in str(result.error)
+    assert world.engine.ledger.count("POST", START) == 0
+
+
+def test_create_resumes_mid_clone_vm_at_deterministic_vmid(world: World) -> None:
+    """A crash right after the clone was submitted: a fresh attempt with no record finds the
+    nameless, locked VM at attempt 0's VMID, waits for the clone and adopts it."""
+    req = world.request("crash")
+    progress = world.provider.new_create_progress()
+    while True:
+        result = world.provider.create_step(req, progress)
+        if result.submitted:
+            break  # the clone is on Proxmox; its record is lost with the crash
+        progress = result.progress
+    assert result.step == "clone"
+    mid = [e for e in world.api.cluster_resources() if e.get("lock") == "clone"]
+    assert len(mid) == 1 and not mid[0].get("name")
+
+    done = world.create(req, world.fresh_provider())
+    assert done.provider_id == f"vms/{vmid_for(req.uid, 0, 100000, 199999)}/proxy-crash"
+    assert any(r.step == "lock_wait" for r in world.results)
+    assert world.engine.ledger.count("POST", CLONE) == 1
+    world.settle()
+    assert len(world.vms_named("proxy-crash")) == 1
+
+
+def test_create_clone_already_exists_race_runs_ownership_check(world: World) -> None:
+    req = world.request("race")
+    progress = world.provider.new_create_progress()
+    result = world.step(lambda p: world.provider.create_step(req, p), progress)
+    assert result.progress["stage"] == "clone"
+    vmid = result.progress["vmid"]
+    # Someone else takes the VMID between our listing and our clone.
+    world.api.clone("pve1", GOOD_TEMPLATE, newid=vmid, name="sneaky")
+    world.engine.control.advance(30)
+    done = world.drive(lambda p: world.provider.create_step(req, p), result.progress)
+    assert done.status == "done"
+    assert done.provider_id == f"vms/{vmid_for(req.uid, 1, 100000, 199999)}/proxy-race"
+    refused = [e for e in world.engine.ledger.calls("POST", CLONE) if e.status == 500]
+    assert len(refused) == 1
+    assert world.api.vm_config("pve1", vmid)["name"] == "sneaky"
+
+
+def test_create_seed_upload_overwrites_without_delete(world: World) -> None:
+    req = world.request("seed")
+    stale = b"stale" * 1000
+    world.api.upload_iso("pve1", "proxy-seeds", filename="proxy-seed-seed.iso", content=stale)
+    world.engine.control.advance(5)
+    world.engine.ledger.clear()
+    world.create(req)
+    assert world.engine.ledger.count("DELETE", VOLUME) == 0
+    expected = build_seed_iso(
+        user_data=req.cloud_init,
+        instance_id=req.uid,
+        hostname=req.vm_name,
+        vendor_data=None,
+        install_guest_agent=True,
+    )
+    stored = world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-seed"))
+    assert stored == expected
+
+
+def test_create_resize_waits_for_task(world: World) -> None:
+    world.create(world.request("grow"))
+    calls = world.engine.ledger.calls()
+    resize = next(e for e in calls if e.key == RESIZE)
+    start = next(e for e in calls if e.key == START)
+    polls = [
+        e
+        for e in calls
+        if e.key == TASK and e.path_params["upid"] == resize.upid and e.seq < start.seq
+    ]
+    assert polls, "the resize task was never polled before the start"
+    last = world.api.task_status("pve1", resize.upid)
+    assert last["exitstatus"] == "OK"
+    # The start came only after a poll saw the resize task stopped.
+    assert any(r.upid == resize.upid and r.status == "continue" for r in world.results), (
+        "no step saw the resize task end"
+    )
+
+
+def test_create_resize_skipped_when_not_larger(world: World) -> None:
+    world.create(world.request("small-disk", machine_type="tiny"))
+    world.create(world.request("no-disk", machine_type="nodisk"))
+    assert world.engine.ledger.count("PUT", RESIZE) == 0
+
+
+def test_create_vlan_tag_appended_keeps_mac_and_options(
+    world_factory: Callable[..., World],
+) -> None:
+    world = world_factory(vlanTag=4)
+    req = world.request("vlan")
+    progress = world.provider.new_create_progress()
+    while progress.get("stage") != "configure":
+        progress = world.step(lambda p: world.provider.create_step(req, p), progress).progress
+    vmid = progress["vmid"]
+    before = world.api.vm_config("pve1", vmid)["net0"]
+    done = world.drive(lambda p: world.provider.create_step(req, p), progress)
+    assert done.status == "done"
+    after = world.api.vm_config("pve1", vmid)["net0"]
+    assert after == before + ",tag=4"
+    ip = world.provider.get(done.provider_id)
+    world.engine.control.advance(30)
+    ip = world.provider.get(done.provider_id)
+    assert ip.ip is not None and ip.ip.startswith("10.24.")
+
+
+def test_create_noagent_template_gets_agent_from_vendor_data(
+    world_factory: Callable[..., World],
+) -> None:
+    for install, expect in ((True, "Running"), (False, "Provisioning")):
+        world = world_factory(installGuestAgent=install)
+        done = world.create(world.request("va", image="debian-13-noagent"))
+        world.engine.control.advance(600)
+        assert world.provider.get(done.provider_id).state == expect
+
+
+def test_provider_cancelled_returns_promptly() -> None:
+    """A blocking create waiting on a slow clone returns soon after its deadline is cancelled."""
+    api, _ = sim_api(profile="realistic", time_scale=100.0)
+    config = ProxmoxConfig.from_mapping(catalogue(), installation_id="inst-test")
+    provider = Provider(api, config, budgets=Budgets())
+    deadline = Deadline(600)
+    req = _request("slow")
+    timer = threading.Timer(0.3, deadline.cancel)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(TransientError, match="cancelled"):
+        provider.create(req, deadline=deadline)
+    assert time.monotonic() - started < 1.5
+    timer.cancel()
+
+    expired = Deadline(0.2)
+    started = time.monotonic()
+    with pytest.raises(TransientError):
+        provider.create(_request("slow2"), deadline=expired)
+    assert time.monotonic() - started < 1.5
+
+
+def test_blocking_create_and_delete_with_real_time() -> None:
+    api, engine = sim_api(profile="fast", time_scale=0.05)
+    config = ProxmoxConfig.from_mapping(catalogue(), installation_id="inst-test")
+    provider = Provider(api, config, budgets=Budgets(poll_interval=0.01))
+    req = _request("blocking")
+    provider_id = provider.create(req, deadline=Deadline(30))
+    assert engine.control.vm(int(provider_id.split("/")[1]))["status"] == "running"
+    provider.delete(provider_id, uid=req.uid, deadline=Deadline(30))
+    assert engine.ledger.count("DELETE", "DELETE /nodes/{node}/qemu/{vmid}") == 1
+
+
+def _request(name: str) -> CreateRequest:
+    return CreateRequest(
+        uid=str(uuid.uuid4()),
+        vm_name=f"proxy-{name}",
+        machine_type="small",
+        image="debian-13",
+        zone="pve1",
+        cloud_init=b"#cloud-config\n",
+    )
+
+
+def _now(world: World) -> datetime:
+    return datetime.fromtimestamp(int(world.clock()), UTC)
