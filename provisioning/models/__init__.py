@@ -1,0 +1,19 @@
+"""provisioning's models, one module per aggregate (STYLE.md: NetBox's models package)."""
+
+from .catalogue import Cluster, MachineType, Node, Template
+from .installation import Installation
+from .lease import JobLease
+from .operation import Operation, OperationStep
+from .proxy import Proxy
+
+__all__ = [
+    "Cluster",
+    "Installation",
+    "JobLease",
+    "MachineType",
+    "Node",
+    "Operation",
+    "OperationStep",
+    "Proxy",
+    "Template",
+]

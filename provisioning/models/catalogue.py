@@ -1,0 +1,203 @@
+"""The catalogue: Proxmox clusters with their nodes, templates and machine types.
+
+A ``Cluster`` row holds seed 000 entry 15's block; its children are edited inline in the admin
+and imported from the catalogue YAML. Validation is the provider's own
+(``ProxmoxConfig.problems``), so a value refused on import is refused in the admin too. The
+token and the CA are never stored: only the paths of the files that hold them.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from provisioning.proxmox.config import (
+    MachineType as MachineTypeSpec,
+)
+from provisioning.proxmox.config import (
+    ProxmoxConfig,
+    TemplateRef,
+)
+
+LABEL = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+    "lower-case letters, digits and inner hyphens (a DNS label)",
+)
+
+# Seed key path (ProxmoxConfig) → model field, so admin errors land on the right field.
+_FIELD_FOR_PATH = {
+    "name": "name",
+    "url": "url",
+    "tokenFile": "token_file",
+    "caFile": "ca_file",
+    "isoStorage": "iso_storage",
+    "storage": "storage",
+    "bridge": "bridge",
+    "vlanTag": "vlan_tag",
+    "vmidRange.min": "vmid_min",
+    "vmidRange.max": "vmid_max",
+    "requestTimeoutSeconds": "request_timeout_seconds",
+}
+
+
+class Cluster(models.Model):
+    """A configured Proxmox endpoint (seed 000 entry 15), named like ``proxmox-home``."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[LABEL])
+    url = models.CharField(
+        max_length=255, help_text="https://HOST:8006 of any node; the host must be in its cert"
+    )
+    token_file = models.CharField(
+        max_length=1024,
+        help_text="path of a file holding USER@REALM!TOKENID=SECRET, read on every request",
+    )
+    ca_file = models.CharField(
+        max_length=1024, blank=True, help_text="PEM bundle to verify the node; blank: system roots"
+    )
+    insecure_skip_tls_verify = models.BooleanField(default=False)
+    iso_storage = models.CharField(max_length=64, help_text="storage for the seed ISOs")
+    storage = models.CharField(
+        max_length=64, blank=True, help_text="clone target storage; blank: the template's"
+    )
+    bridge = models.CharField(max_length=64, blank=True)
+    vlan_tag = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(4094)]
+    )
+    vmid_min = models.PositiveIntegerField(default=100000)
+    vmid_max = models.PositiveIntegerField(default=199999)
+    request_timeout_seconds = models.FloatField(default=30.0)
+    vendor_data = models.TextField(blank=True)
+    install_guest_agent = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(vmid_min__lt=models.F("vmid_max")),
+                name="cluster_vmid_range_ordered",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(vlan_tag__isnull=True)
+                | models.Q(vlan_tag__gte=1, vlan_tag__lte=4094),
+                name="cluster_vlan_tag_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def proxmox_config(self, installation_id: str) -> ProxmoxConfig:
+        """The provider's view of this cluster, children included (one query each)."""
+        return ProxmoxConfig(
+            name=self.name,
+            url=self.url,
+            token_file=self.token_file,
+            ca_file=self.ca_file or None,
+            insecure_skip_tls_verify=self.insecure_skip_tls_verify,
+            nodes=tuple(self.nodes.order_by("position", "name").values_list("name", flat=True)),
+            iso_storage=self.iso_storage,
+            storage=self.storage or None,
+            bridge=self.bridge or None,
+            vlan_tag=self.vlan_tag,
+            vmid_min=self.vmid_min,
+            vmid_max=self.vmid_max,
+            templates={t.key: TemplateRef(t.vmid) for t in self.templates.order_by("key")},
+            machine_types={
+                m.key: MachineTypeSpec(m.cores, m.memory_mib, m.disk_gib)
+                for m in self.machine_types.order_by("key")
+            },
+            request_timeout_seconds=self.request_timeout_seconds,
+            vendor_data=self.vendor_data or None,
+            install_guest_agent=self.install_guest_agent,
+            installation_id=installation_id,
+        )
+
+    def clean(self) -> None:
+        """Entry 15's rules for the cluster's own fields (children are checked by their forms)."""
+        config = ProxmoxConfig(
+            name=self.name,
+            url=self.url,
+            token_file=self.token_file,
+            ca_file=self.ca_file or None,
+            insecure_skip_tls_verify=self.insecure_skip_tls_verify,
+            nodes=("placeholder",),
+            iso_storage=self.iso_storage,
+            storage=self.storage or None,
+            bridge=self.bridge or None,
+            vlan_tag=self.vlan_tag,
+            vmid_min=self.vmid_min,
+            vmid_max=self.vmid_max,
+            templates={"placeholder": TemplateRef(100)},
+            machine_types={"placeholder": MachineTypeSpec(1, 16)},
+            request_timeout_seconds=self.request_timeout_seconds,
+            installation_id="x",
+        )
+        errors: dict[str, list[str]] = {}
+        for problem in config.problems():
+            field = _FIELD_FOR_PATH.get(problem.path, "__all__")
+            errors.setdefault(field, []).append(problem.message)
+        if errors:
+            raise ValidationError(errors)
+
+
+class Node(models.Model):
+    """A node of a cluster, as Proxmox names it; order is the config order of checks."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
+    name = models.CharField(max_length=63, validators=[LABEL])
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["cluster", "position", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="node_unique_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Template(models.Model):
+    """A catalogue image key mapped to a template VMID (entry 4)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="templates")
+    key = models.CharField(max_length=63, validators=[LABEL])
+    vmid = models.PositiveIntegerField(validators=[MinValueValidator(100)])
+
+    class Meta:
+        ordering = ["cluster", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "key"], name="template_unique_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} (VM {self.vmid})"
+
+
+class MachineType(models.Model):
+    """A catalogue machine type: cores, memory and an optional boot disk size (entry 6)."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="machine_types")
+    key = models.CharField(max_length=63, validators=[LABEL])
+    cores = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
+    memory_mib = models.PositiveIntegerField(validators=[MinValueValidator(16)])
+    disk_gib = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cluster", "key"], name="machinetype_unique_per_cluster"
+            ),
+            models.CheckConstraint(condition=models.Q(cores__gte=1), name="machinetype_cores_min"),
+            models.CheckConstraint(
+                condition=models.Q(memory_mib__gte=16), name="machinetype_memory_min"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        disk = f", {self.disk_gib} GiB" if self.disk_gib else ""
+        return f"{self.key} ({self.cores} cores, {self.memory_mib} MiB{disk})"

@@ -1,0 +1,73 @@
+"""Choices shared by models, services, commands and the admin."""
+
+from django.db import models
+
+
+class Phase(models.TextChoices):
+    """Where a proxy stands (DESIGN.md §4). ``Failed`` is latched until an operator retries."""
+
+    PENDING = "Pending"
+    CREATING = "Creating"
+    PROVISIONING = "Provisioning"  # running, no address yet
+    RUNNING = "Running"  # address known
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+    DELETING = "Deleting"
+    FAILED = "Failed"
+
+
+class DesiredState(models.TextChoices):
+    PRESENT = "present"
+    DELETED = "deleted"
+
+
+class DesiredPower(models.TextChoices):
+    ON = "on"
+    OFF = "off"
+
+
+class ErrorClass(models.TextChoices):
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    NOT_FOUND = "not_found"
+
+
+class OperationKind(models.TextChoices):
+    CREATE = "create"
+    DELETE = "delete"
+    REPLACE = "replace"
+    START = "start"
+    SHUTDOWN = "shutdown"
+    REBOOT = "reboot"
+
+
+class OperationState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"  # a Proxmox task or a boot is in progress; the next step is scheduled
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"  # a submission whose reply was lost, until observation settles it
+
+
+ACTIVE_STATES = (
+    OperationState.QUEUED,
+    OperationState.RUNNING,
+    OperationState.WAITING,
+    OperationState.UNKNOWN,
+)
+
+
+class StepState(models.TextChoices):
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYING = "retrying"  # a transient failure; the step runs again after a backoff
+    UNKNOWN = "unknown"
+
+
+class RequestedVia(models.TextChoices):
+    ADMIN = "admin"
+    COMMAND = "command"
+    BEAT = "beat"

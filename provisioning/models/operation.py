@@ -1,0 +1,104 @@
+"""The journal: every create, delete, replace and power action, with its steps and UPIDs.
+
+The journal is the source of truth for progress (DESIGN.md §4) and outlives the proxy it
+served. ``progress`` holds the provider's step-machine record; the next step of an operation
+that is not finished is due at ``next_step_at``, and the sweeper re-sends any due step whose
+message was lost, so a lost message delays work and never loses it (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from .catalogue import Cluster
+from .choices import ErrorClass, OperationKind, OperationState, RequestedVia, StepState
+from .proxy import Proxy
+
+
+class Operation(models.Model):
+    """One piece of background work on one proxy, who asked for it, and how it went."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=16, choices=OperationKind.choices)
+    proxy = models.ForeignKey(
+        Proxy, on_delete=models.SET_NULL, null=True, blank=True, related_name="operations"
+    )
+    proxy_name = models.CharField(max_length=57, help_text="kept when the proxy is gone")
+    cluster = models.ForeignKey(Cluster, on_delete=models.SET_NULL, null=True, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    requested_via = models.CharField(
+        max_length=16, choices=RequestedVia.choices, default=RequestedVia.COMMAND
+    )
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    inputs_hash = models.CharField(max_length=64, blank=True)
+
+    state = models.CharField(
+        max_length=16, choices=OperationState.choices, default=OperationState.QUEUED
+    )
+    progress = models.JSONField(default=dict, blank=True)
+    next_step_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # The token the one legitimate step message carries; a stale or duplicated message does not
+    # match and exits without doing anything. The sweeper issues a new one for a lost message.
+    dispatch_token = models.CharField(max_length=32, blank=True)
+    # A delivery that is running a step holds this claim; a duplicate delivery sees it and exits.
+    claim_token = models.CharField(max_length=64, blank=True)
+    claim_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="transient failures in a row")
+    last_error = models.TextField(blank=True)
+    error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["state", "next_step_at"], name="operation_due_idx"),
+            models.Index(fields=["proxy", "-created_at"], name="operation_proxy_idx"),
+            models.Index(fields=["kind", "state"], name="operation_kind_state_idx"),
+            models.Index(fields=["-created_at"], name="operation_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.proxy_name} ({self.state})"
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (OperationState.SUCCEEDED, OperationState.FAILED)
+
+
+class OperationStep(models.Model):
+    """One step of an operation: a stage of the provider's step machine, with its receipt.
+
+    A stage that spans several deliveries (a poll of a running task) stays one row, updated
+    until it ends; ``upid`` is written before any wait starts.
+    """
+
+    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    name = models.CharField(max_length=32)
+    state = models.CharField(max_length=16, choices=StepState.choices, default=StepState.RUNNING)
+    upid = models.CharField(max_length=255, blank=True)
+    message = models.TextField(blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["operation", "seq"]
+        constraints = [models.UniqueConstraint(fields=["operation", "seq"], name="step_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.seq}. {self.name} ({self.state})"
+
+    @property
+    def duration(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()

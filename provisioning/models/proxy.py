@@ -1,0 +1,119 @@
+"""A proxy: what the operator asked for and what Proxmox was last seen to hold (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+from provisioning import sealing
+
+from .catalogue import Cluster
+from .choices import DesiredPower, DesiredState, ErrorClass, Phase
+
+PROXY_NAME = RegexValidator(
+    r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
+    "a DNS label: lower-case letters, digits and inner hyphens, at most 57 characters",
+)
+
+
+class Proxy(models.Model):
+    """One proxy VM. Its VM is named ``proxy-<name>``; ``uid`` ties the VM's mark to this row.
+
+    The cloud-init is stored sealed (``provisioning.sealing``); editing a placement field or
+    the cloud-init replaces the VM, which ``spec_hash`` detects.
+    """
+
+    name = models.CharField(max_length=57, unique=True, validators=[PROXY_NAME])
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="proxies")
+    zone = models.CharField(
+        max_length=63, blank=True, help_text="a node of the cluster; blank: chosen for you"
+    )
+    machine_type = models.CharField(max_length=63)
+    image = models.CharField(max_length=63)
+    cloud_init_sealed = models.BinaryField(default=b"", editable=False)
+    cloud_init_sha256 = models.CharField(max_length=64, blank=True, editable=False)
+    cloud_init_bytes = models.PositiveIntegerField(default=0, editable=False)
+
+    desired_state = models.CharField(
+        max_length=16, choices=DesiredState.choices, default=DesiredState.PRESENT
+    )
+    desired_power = models.CharField(
+        max_length=8, choices=DesiredPower.choices, default=DesiredPower.ON
+    )
+
+    phase = models.CharField(max_length=16, choices=Phase.choices, default=Phase.PENDING)
+    provider_id = models.CharField(max_length=128, blank=True)
+    vmid = models.PositiveIntegerField(null=True, blank=True)
+    node = models.CharField(max_length=63, blank=True)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    vm_created_at = models.DateTimeField(null=True, blank=True)
+    spec_hash = models.CharField(max_length=64, blank=True, editable=False)
+    last_error = models.TextField(blank=True)
+    last_error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)
+    observed_at = models.DateTimeField(null=True, blank=True)
+
+    # One chain at a time per proxy, across all workers: the operation holding the lease.
+    lease_operation = models.ForeignKey(
+        "provisioning.Operation",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        editable=False,
+    )
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "proxies"
+        permissions = [
+            ("provision_proxy", "Can provision, retry and replace proxies"),
+            ("delete_proxy_vm", "Can delete proxies and their VMs"),
+            ("power_proxy", "Can start, shut down and reboot proxies"),
+            ("check_proxy", "Can preview and preflight proxies"),
+        ]
+        indexes = [
+            models.Index(fields=["phase"], name="proxy_phase_idx"),
+            models.Index(fields=["cluster", "phase"], name="proxy_cluster_phase_idx"),
+            models.Index(fields=["node"], name="proxy_node_idx"),
+            models.Index(fields=["vmid"], name="proxy_vmid_idx"),
+            models.Index(fields=["ip"], name="proxy_ip_idx"),
+            models.Index(fields=["created_at"], name="proxy_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def vm_name(self) -> str:
+        return f"proxy-{self.name}"
+
+    @property
+    def cloud_init(self) -> bytes:
+        """The user-data, byte for byte. Never log or show it."""
+        if not self.cloud_init_sealed:
+            return b""
+        return sealing.unseal(bytes(self.cloud_init_sealed))
+
+    def set_cloud_init(self, data: bytes) -> None:
+        self.cloud_init_sealed = sealing.seal(data) if data else b""
+        self.cloud_init_sha256 = sealing.digest(data) if data else ""
+        self.cloud_init_bytes = len(data)
+
+    def compute_spec_hash(self) -> str:
+        """What the VM was built from: placement and cloud-init (a change replaces the VM)."""
+        parts = [
+            str(self.cluster_id),
+            self.zone,
+            self.machine_type,
+            self.image,
+            self.cloud_init_sha256,
+        ]
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()

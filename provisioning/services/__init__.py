@@ -1,0 +1,1 @@
+"""Orchestration over the models: services write, selectors read (STYLE.md)."""

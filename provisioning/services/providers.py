@@ -1,0 +1,80 @@
+"""The provider for a cluster row, built once per process and rebuilt when the row changes.
+
+``HttpTransport`` keeps a keep-alive pool and the cached CA, so building one per step would
+throw both away. The cache key includes ``Cluster.updated_at`` (every save of the cluster or,
+through the admin and the import, of its children bumps it), so an edited catalogue takes
+effect on the next step without a restart.
+
+Tests swap the transport for the in-process simulator with ``use_transport_factory``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from provisioning.models import Cluster, Installation
+from provisioning.proxmox.api import Api, Transport
+from provisioning.proxmox.budgets import Budgets
+from provisioning.proxmox.config import ProxmoxConfig
+from provisioning.proxmox.http import HttpTransport
+from provisioning.proxmox.provider import Provider
+
+TransportFactory = Callable[[ProxmoxConfig], Transport]
+
+_lock = threading.Lock()
+_cache: dict[tuple[int, str], Provider] = {}
+_factory: TransportFactory | None = None
+_budgets: Budgets | None = None
+
+
+def _http_transport(config: ProxmoxConfig) -> Transport:
+    return HttpTransport(
+        config.url,
+        config.token_file,
+        ca_file=config.ca_file,
+        insecure=config.insecure_skip_tls_verify,
+        request_timeout=config.request_timeout_seconds or 30.0,
+    )
+
+
+def provider_for(cluster: Cluster) -> Provider:
+    """The provider for ``cluster`` as it is now."""
+    key = (cluster.pk, cluster.updated_at.isoformat() if cluster.updated_at else "")
+    with _lock:
+        provider = _cache.get(key)
+    if provider is not None:
+        return provider
+    config = cluster.proxmox_config(Installation.current_id())
+    transport = (_factory or _http_transport)(config)
+    provider = Provider(Api(transport), config, budgets=_budgets or Budgets())
+    with _lock:
+        for stale in [k for k in _cache if k[0] == cluster.pk and k != key]:
+            old = _cache.pop(stale)
+            close = getattr(old.api.transport, "close", None)
+            if close is not None:
+                close()
+        _cache[key] = provider
+    return provider
+
+
+def forget_providers() -> None:
+    with _lock:
+        _cache.clear()
+
+
+@contextmanager
+def use_transport_factory(
+    factory: TransportFactory, *, budgets: Budgets | None = None
+) -> Iterator[None]:
+    """Route every provider built inside the block through ``factory`` (tests, benchmarks)."""
+    global _factory, _budgets
+    previous = (_factory, _budgets)
+    _factory, _budgets = factory, budgets
+    forget_providers()
+    try:
+        yield
+    finally:
+        _factory, _budgets = previous
+        forget_providers()

@@ -1,0 +1,44 @@
+"""Celery tasks: thin doors onto services. They take ids, never model instances (STYLE.md)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from provisioning.services import driver, sweeper
+
+STEP_TASK = "proxyhub.provisioning.step"
+
+
+@shared_task(
+    name=STEP_TASK,
+    queue="provisioning",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    soft_time_limit=120,
+    time_limit=180,
+)
+def run_step(operation_id: str, token: str) -> None:
+    """One step of one operation (services.driver); duplicates exit as no-ops."""
+    driver.operation_run_step(operation_id=operation_id, token=token)
+
+
+def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
+    """Send the message for an operation's next step (call it after commit)."""
+    run_step.apply_async(
+        kwargs={"operation_id": operation_id, "token": token},
+        countdown=max(0.0, countdown),
+    )
+
+
+@shared_task(
+    name="proxyhub.provisioning.sweep",
+    queue="provisioning",
+    ignore_result=True,
+    soft_time_limit=60,
+    time_limit=90,
+    expires=60,
+)
+def sweep() -> int:
+    """Re-send step messages that were lost (services.sweeper)."""
+    return sweeper.operations_sweep()

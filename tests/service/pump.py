@@ -1,0 +1,137 @@
+"""Service-test plumbing: the in-process simulator behind every cluster, and a message pump.
+
+``Pump`` stands in for the broker and one worker: it collects the step messages the services
+send (``provisioning.tasks.send_step``), waits out each countdown, and delivers them to the
+driver in due order, running on-commit callbacks as a committed transaction would. It is not a
+worker (the integration tier runs real ``celery`` workers over Redis); it makes service tests
+exact and fast. Use it by importing the fixtures: ``from pump import pump, sim  # noqa: F401``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.test import TestCase
+
+from provisioning.models import Cluster, MachineType, Node, Template
+from provisioning.proxmox.api import Api
+from provisioning.proxmox.budgets import Budgets
+from provisioning.proxmox.simulator.engine import Engine
+from provisioning.proxmox.simulator.inprocess import SimTransport
+from provisioning.services import driver
+from provisioning.services.providers import use_transport_factory
+
+
+@dataclass
+class Sim:
+    """The simulated Proxmox cluster and its catalogue row."""
+
+    engine: Engine
+    cluster: Cluster
+
+    @property
+    def api(self) -> Api:
+        """The seam straight onto the simulator, for looking behind proxyhub's back."""
+        return Api(SimTransport(self.engine))
+
+    def settle(self, seconds: float = 0.2) -> None:
+        """Let the simulator's (scaled, real-time) tasks finish."""
+        time.sleep(seconds)
+
+    def ledger_mutations(self) -> list[str]:
+        return [str(e.key) for e in self.engine.ledger.mutations()]
+
+
+def make_cluster(
+    name: str = "pvesim", nodes: tuple[str, ...] = ("pve1", "pve2", "pve3")
+) -> Cluster:
+    cluster = Cluster.objects.create(
+        name=name,
+        url="https://127.0.0.1:8006",
+        token_file="/nonexistent/token",
+        iso_storage="proxy-seeds",
+    )
+    for position, node in enumerate(nodes):
+        Node.objects.create(cluster=cluster, name=node, position=position)
+    Template.objects.create(cluster=cluster, key="debian-13", vmid=9000)
+    Template.objects.create(cluster=cluster, key="debian-13-noagent", vmid=9001)
+    Template.objects.create(cluster=cluster, key="debian-13-cloudinit", vmid=9002)
+    MachineType.objects.create(cluster=cluster, key="small", cores=1, memory_mib=1024, disk_gib=10)
+    cluster.save()  # moves updated_at after the children, like the import does
+    return cluster
+
+
+@pytest.fixture
+def sim(settings: Any) -> Iterator[Sim]:
+    """Every cluster's provider talks to one in-process simulator on a quick clock."""
+    settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
+    engine = Engine(profile="fast", time_scale=0.05)
+    with use_transport_factory(
+        lambda config: SimTransport(engine), budgets=Budgets(poll_interval=0.02)
+    ):
+        yield Sim(engine, make_cluster())
+
+
+@dataclass(order=True)
+class _Message:
+    due: float
+    seq: int
+    operation_id: str = field(compare=False)
+    token: str = field(compare=False)
+
+
+class Pump:
+    """Collects step messages and delivers them in due order (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.queue: list[_Message] = []
+        self.delivered = 0
+        self._seq = itertools.count()
+
+    def send(self, operation_id: str, token: str, countdown: float = 0.0) -> None:
+        heapq.heappush(
+            self.queue,
+            _Message(time.monotonic() + max(0.0, countdown), next(self._seq), operation_id, token),
+        )
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` and its on-commit callbacks (the messages it sends land in the queue)."""
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            return fn(*args, **kwargs)
+
+    def run(self, *, max_deliveries: int = 20_000, timeout: float = 60.0) -> int:
+        """Deliver until the queue is empty; returns the number of deliveries."""
+        deadline = time.monotonic() + timeout
+        count = 0
+        while self.queue:
+            if count >= max_deliveries or time.monotonic() > deadline:
+                raise AssertionError(f"the pump did not drain: {len(self.queue)} messages left")
+            message = heapq.heappop(self.queue)
+            pause = message.due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self.call(
+                driver.operation_run_step, operation_id=message.operation_id, token=message.token
+            )
+            count += 1
+        self.delivered += count
+        return count
+
+    def drop_all(self) -> int:
+        """Lose every queued message (a broker that forgot them)."""
+        lost = len(self.queue)
+        self.queue.clear()
+        return lost
+
+
+@pytest.fixture
+def pump(monkeypatch: pytest.MonkeyPatch) -> Pump:
+    the_pump = Pump()
+    monkeypatch.setattr("provisioning.tasks.send_step", the_pump.send)
+    return the_pump
