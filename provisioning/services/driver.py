@@ -491,7 +491,7 @@ def _backoff(attempts: int) -> float:
     """Capped exponential backoff with jitter: 2, 4, 8 ... up to the configured maximum."""
     cap = _setting("PROXYHUB_STEP_MAX_BACKOFF_SECONDS", 300)
     base = min(cap, 2.0 ** min(attempts, 16))
-    return base * random.uniform(0.8, 1.0)  # noqa: S311 - jitter, not a secret
+    return base * random.uniform(0.8, 1.0)  # jitter, not a secret
 
 
 def _error_class(error: ClassifiedError) -> str:

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from pump import Pump, Sim, pump, sim  # noqa: F401
+from pump import Pump, Sim
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase, StepState

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from pump import Pump, Sim, pump, sim  # noqa: F401
+from pump import Pump, Sim
 
 from provisioning.models import Installation, Operation, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase

@@ -1,0 +1,86 @@
+"""Fixtures for running proxyhub the way an operator does: a fresh process, a clean environment.
+
+Settings are read once per process from the environment, so whatever depends on environment
+variables (production defaults, REDIS_URL, DATABASE_URL, the deploy checks) is tested in a child
+process whose environment holds only what the test gives it. ``PYTEST_VERSION`` is not passed
+on, so the child gets production behaviour, not the test-run conveniences of the settings.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# A key that satisfies security.W009 (50+ characters, 5+ distinct, no "django-insecure-").
+STRONG_KEY = "pH7v-3kQz9TfWm2xLr8YcN4bJd6sAe1uGo5iK0tVhXyRwZqBnMjEaCsDfUgPlO"
+
+# Runs inside the child: set Django up, GET each path with the test client, print JSON.
+_PROBE = """
+import json, sys
+import django
+django.setup()
+from django.test import Client
+client = Client()
+out = []
+for path in sys.argv[1:]:
+    response = client.get(path)
+    out.append({"path": path, "status": response.status_code,
+                "content_type": response.get("Content-Type", ""),
+                "body": response.content.decode()})
+print("PROBE " + json.dumps(out))
+"""
+
+
+@pytest.fixture
+def prod_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a production process: DEBUG off, a real key, its own var directory."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "DJANGO_SETTINGS_MODULE": "proxyhub.settings",
+        "DJANGO_SECRET_KEY": STRONG_KEY,
+        "DJANGO_ALLOWED_HOSTS": "proxyhub.example.com,testserver",
+        "PROXYHUB_VAR_DIR": str(tmp_path / "var"),
+    }
+
+
+def _run(args: list[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        env=dict(env),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+def manage() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``manage(env, "check", "--deploy")`` runs manage.py in a child with exactly ``env``."""
+
+    def run(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return _run(["manage.py", *args], env, timeout=60)
+
+    return run
+
+
+@pytest.fixture
+def probe() -> Callable[..., list[dict[str, Any]]]:
+    """``probe(env, "/readyz")`` GETs paths in a child with exactly ``env``; one dict per path."""
+
+    def run(env: Mapping[str, str], *paths: str) -> list[dict[str, Any]]:
+        done = _run(["-c", _PROBE, *paths], env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("PROBE "))
+        return json.loads(line.removeprefix("PROBE "))
+
+    return run
