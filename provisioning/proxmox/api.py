@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from .deadline import Deadline
+from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, ProxmoxError
 
 log = logging.getLogger("proxyhub.proxmox.api")
@@ -118,7 +118,7 @@ class Api:
             )
         try:
             response = self.transport.send(call, deadline=deadline)
-        except ProxmoxError as exc:
+        except (ProxmoxError, Cancelled, DeadlineExceeded) as exc:
             fields: dict[str, Any] = {
                 "call": call.name,
                 **ids,

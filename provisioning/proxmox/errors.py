@@ -241,6 +241,15 @@ def _classify_api(op: str, err: ApiError) -> ClassifiedError:
             "fix the named parameter",
             op=op,
         )
+    if 300 <= status < 400:
+        # pveproxy never redirects an API call; a redirect means the url points at something
+        # else (plain http, a reverse proxy's login page) and retrying cannot change that.
+        return PermanentError(
+            f"the url answered with a redirect instead of Proxmox ({err})",
+            remediation="set url to the node's https://HOST:8006 address; redirects are "
+            "not followed",
+            op=op,
+        )
     if 400 <= status < 500:
         return PermanentError(f"Proxmox will not accept the request: {err}", op=op)
     if status in (595, 596):
