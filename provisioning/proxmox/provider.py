@@ -7,6 +7,9 @@ Two ways to drive create and delete:
 * blocking (``create`` / ``delete``): the same machine driven with sleeps, for commands, tests
   and anyone without a journal. These hold a per-name lock (entry 19) so a delete and a create
   of one VM never interleave inside one process.
+
+Power actions (seed 001: start, graceful shutdown, reboot) are driven the same two ways
+(``power_step`` / ``power``), with ``inspect_power`` for the confirmation page.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from .observe import (
     list_seeds,
     orphan_seeds,
 )
+from .power import PowerMachine, PowerPreview, PowerRequest, inspect_power
+from .power import new_progress as new_power_progress
 from .steps import Progress, StepResult
 
 
@@ -56,6 +61,7 @@ class Provider:
         self.budgets = budgets or Budgets()
         self._create = CreateMachine(api, config, self.budgets, clock=clock)
         self._delete = DeleteMachine(api, config, self.budgets, clock=clock)
+        self._power = PowerMachine(api, config, self.budgets, clock=clock)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------
@@ -101,6 +107,39 @@ class Provider:
                 new_delete_progress(),
                 deadline,
                 "delete",
+            )
+
+    # --- power (seed 001) --------------------------------------------------------------
+
+    @staticmethod
+    def new_power_progress() -> Progress:
+        return new_power_progress()
+
+    def power_step(
+        self, req: PowerRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        return self._power.step(req, progress, deadline=deadline)
+
+    def inspect_power(
+        self,
+        req: PowerRequest,
+        *,
+        listing: Sequence[Mapping[str, Any]] | None = None,
+        deadline: Deadline | None = None,
+    ) -> PowerPreview:
+        """Read-only preview of ``req`` for a confirmation page: target, state, refusal, no-op."""
+        return inspect_power(self.api, req, listing=listing, deadline=deadline)
+
+    def power(self, req: PowerRequest, *, deadline: Deadline | None = None) -> StepResult:
+        """Run the power action until the VM shows its outcome; the last ``StepResult`` says
+        what happened (``details``: target, receipt UPID, whether it was a skipped no-op).
+        A refusal raises ``PermanentError``."""
+        with self._locks.hold(req.vm_name, deadline):
+            return self._drive(
+                lambda p: self.power_step(req, p, deadline=deadline),
+                new_power_progress(),
+                deadline,
+                "power",
             )
 
     # --- reads ------------------------------------------------------------------------
