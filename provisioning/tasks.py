@@ -5,6 +5,9 @@ from __future__ import annotations
 from celery import shared_task
 
 from provisioning.services import driver, sweeper
+from provisioning.services import gc as gc_service
+from provisioning.services import reconcile as reconcile_service
+from provisioning.services.leases import LeaseHeld
 
 STEP_TASK = "proxyhub.provisioning.step"
 
@@ -42,3 +45,33 @@ def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
 def sweep() -> int:
     """Re-send step messages that were lost (services.sweeper)."""
     return sweeper.operations_sweep()
+
+
+@shared_task(
+    name="proxyhub.provisioning.reconcile",
+    queue="provisioning",
+    ignore_result=True,
+    soft_time_limit=240,
+    time_limit=300,
+)
+def reconcile() -> dict[str, int]:
+    """One reconcile round over every cluster; a round already running elsewhere wins."""
+    try:
+        return dict(reconcile_service.reconcile_round())
+    except LeaseHeld:
+        return {"lease_held": 1}
+
+
+@shared_task(
+    name="proxyhub.provisioning.gc",
+    queue="provisioning",
+    ignore_result=True,
+    soft_time_limit=240,
+    time_limit=300,
+)
+def gc() -> int:
+    """Collect orphaned VMs and seed ISOs of this installation (services.gc)."""
+    try:
+        return len(gc_service.gc_run())
+    except LeaseHeld:
+        return 0

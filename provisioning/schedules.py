@@ -1,0 +1,60 @@
+"""Beat's schedules, created or updated by name (DESIGN.md §6), editable in the admin.
+
+``ensure_schedules`` is idempotent: it is run by a data migration and may be run again (for
+example after changing an interval setting) without creating duplicates. Each run expires
+after one interval, so a backlog never piles up runs of the same job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+# name -> (task, setting holding the interval, default seconds, queue)
+SCHEDULES: dict[str, tuple[str, str, int, str]] = {
+    "proxyhub: reconcile": (
+        "proxyhub.provisioning.reconcile",
+        "PROXYHUB_RECONCILE_INTERVAL_SECONDS",
+        60,
+        "provisioning",
+    ),
+    "proxyhub: garbage collection": (
+        "proxyhub.provisioning.gc",
+        "PROXYHUB_GC_INTERVAL_SECONDS",
+        300,
+        "provisioning",
+    ),
+    "proxyhub: journal sweeper": (
+        "proxyhub.provisioning.sweep",
+        "PROXYHUB_SWEEPER_INTERVAL_SECONDS",
+        30,
+        "provisioning",
+    ),
+}
+
+
+def ensure_schedules(periodic_task: Any = None, interval_schedule: Any = None) -> list[str]:
+    """Create or update every schedule by name; returns their names.
+
+    The model classes are passed in by the data migration (historical models); at run time
+    they default to django_celery_beat's own.
+    """
+    if periodic_task is None or interval_schedule is None:
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+        periodic_task, interval_schedule = PeriodicTask, IntervalSchedule
+    for name, (task, setting, default, queue) in SCHEDULES.items():
+        seconds = int(getattr(settings, setting, default))
+        every, _ = interval_schedule.objects.get_or_create(every=seconds, period="seconds")
+        periodic_task.objects.update_or_create(
+            name=name,
+            defaults={
+                "task": task,
+                "interval": every,
+                "queue": queue,
+                "expire_seconds": seconds,
+                "enabled": True,
+            },
+        )
+    return list(SCHEDULES)
