@@ -1,0 +1,32 @@
+"""``manage.py export_catalogue [--cluster C]`` (DESIGN.md §7): the catalogue as YAML."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from provisioning.services.catalogue import CatalogueError, catalogue_export
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the catalogue as ProxmoxCluster YAML documents, one per cluster; the output "
+        "imports back with import_catalogue unchanged. Secrets are never in it: only the paths "
+        "of the token and CA files."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--cluster",
+            action="append",
+            metavar="C",
+            help="export only this cluster (repeat for several); default: all",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            text = catalogue_export(options["cluster"])
+        except CatalogueError as err:
+            raise CommandError(str(err)) from err
+        self.stdout.write(text, ending="")

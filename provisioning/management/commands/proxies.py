@@ -1,0 +1,556 @@
+"""``manage.py proxies``: create, delete, list, wait for and power proxies (DESIGN.md §7).
+
+A thin door onto ``provisioning.services.operations``: it parses, checks what an operator typed
+(naming the proxy or the file path of every problem), calls the service and reports. The
+work itself happens in the workers; ``wait`` only reads the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import models, transaction
+
+from provisioning.models import Cluster, Proxy
+from provisioning.models.choices import Phase, RequestedVia
+from provisioning.services.catalogue import read_text, yaml_load_strict
+from provisioning.services.operations import (
+    ProxySpec,
+    proxies_create,
+    proxy_power,
+    proxy_request_delete,
+    validate_placement,
+)
+
+from ._progress import Progress
+
+# ``wait`` polls the database this often; it drives no work itself.
+POLL_SECONDS = 0.5
+DEFAULT_TIMEOUT = 600.0
+# One transaction writes a whole ``--count`` batch; a typo must not write a million rows.
+COUNT_MAX = 10_000
+DELETED = "Deleted"
+POWER_ACTIONS = ("start", "shutdown", "reboot")
+
+FILE_KEYS = ("name", "cluster", "machineType", "image", "zone", "cloudInit", "cloudInitFile")
+FILE_REQUIRED = ("name", "cluster", "machineType", "image")
+# Service field name → where the operator typed it, per form.
+_FLAG_FOR = {"zone": "--zone", "machine_type": "--machine-type", "image": "--image"}
+_KEY_FOR = {"zone": "zone", "machine_type": "machineType", "image": "image", "name": "name"}
+
+CREATE_DESCRIPTION = """\
+Create proxies, all in one transaction: every name and placement is checked first, and when
+any is refused nothing is created. Three forms:
+
+  proxies create NAME... --cluster C --machine-type M --image I [--zone Z] [--cloud-init FILE]
+  proxies create --file FILE.yaml
+      a YAML list of proxies with the keys name, cluster, machineType, image and optionally
+      zone, cloudInit (the user-data inline) or cloudInitFile (a path, relative to FILE.yaml)
+  proxies create --count N --prefix P --cluster C --machine-type M --image I ...
+      creates P-1 .. P-N, numbers zero-padded to the width of N (P-01 .. P-20 for 20);
+      refused when any of those names exists already
+
+Prints one line per proxy: its name and uid.
+"""
+
+
+def _pause(seconds: float) -> None:
+    """The wait between two polls (a seam: tests do the workers' work here instead)."""
+    time.sleep(seconds)
+
+
+class Command(BaseCommand):
+    help = (
+        "Manage proxies in bulk: create, delete, list, wait, start, shutdown, reboot. "
+        "Run `manage.py proxies ACTION --help` for each action."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(
+            dest="action", required=True, metavar="ACTION", title="actions"
+        )
+
+        create = actions.add_parser(
+            "create",
+            help="create proxies (NAME..., --file or --count)",
+            description=CREATE_DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        create.add_argument("names", nargs="*", metavar="NAME", help="proxy names (DNS labels)")
+        create.add_argument("--file", metavar="FILE.yaml", help="a YAML list of proxies")
+        create.add_argument("--count", type=int, metavar="N", help="create N numbered proxies")
+        create.add_argument("--prefix", metavar="P", help="name prefix for --count")
+        create.add_argument("--cluster", metavar="C", help="the cluster to create them on")
+        create.add_argument("--machine-type", metavar="M", help="a machine type of the cluster")
+        create.add_argument("--image", metavar="I", help="a template key of the cluster")
+        create.add_argument(
+            "--zone", metavar="Z", default="", help="a node of the cluster; default: chosen"
+        )
+        create.add_argument("--cloud-init", metavar="FILE", help="user-data file, sent as is")
+
+        delete = actions.add_parser(
+            "delete",
+            help="delete proxies and their VMs",
+            description="Delete the named proxies, or --all (of --cluster C). Their VMs, disks "
+            "and seed ISOs are removed by the workers, then the proxies disappear.",
+        )
+        delete.add_argument("names", nargs="*", metavar="NAME")
+        delete.add_argument("--all", action="store_true", help="delete every proxy")
+        delete.add_argument("--cluster", metavar="C", help="with --all: only this cluster's")
+
+        listing = actions.add_parser(
+            "list",
+            help="list proxies",
+            description="List every proxy. --json prints an array of objects with the keys "
+            "name, uid, cluster, phase, providerId, vmid, node, ip, lastError and createdAt "
+            "(when Proxmox created the VM, RFC 3339); what is not known yet is null.",
+        )
+        listing.add_argument("--json", action="store_true", help="print JSON")
+
+        wait = actions.add_parser(
+            "wait",
+            help="wait until proxies reach a phase",
+            description="Wait until the named proxies (default: every proxy that exists now) "
+            "reach PHASE; with --phase Deleted, until they are gone. Exits 0 when reached, 1 on "
+            "timeout or as soon as one is Failed. Reads the database every "
+            f"{POLL_SECONDS:g} s; the workers do the work.",
+        )
+        wait.add_argument("names", nargs="*", metavar="NAME")
+        wait.add_argument(
+            "--phase", required=True, choices=[*Phase.values, DELETED], help="the phase to reach"
+        )
+        wait.add_argument(
+            "--timeout",
+            type=float,
+            default=DEFAULT_TIMEOUT,
+            metavar="S",
+            help=f"give up after S seconds (default {DEFAULT_TIMEOUT:g})",
+        )
+
+        for action, what in zip(
+            POWER_ACTIONS, ("start", "gracefully shut down", "reboot"), strict=True
+        ):
+            power = actions.add_parser(
+                action,
+                help=f"{what} proxies' VMs",
+                description=f"{what.capitalize()} the VMs of the named proxies, as journalled "
+                "Proxmox tasks. When one is refused, none is touched.",
+            )
+            power.add_argument("names", nargs="+", metavar="NAME")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "create":
+            self._create(options)
+        elif action == "delete":
+            self._delete(options)
+        elif action == "list":
+            self._list(options)
+        elif action == "wait":
+            self._wait(options)
+        else:
+            self._power(action, options["names"])
+
+    # --- create ---------------------------------------------------------------------------
+
+    def _create(self, options: Mapping[str, Any]) -> None:
+        names, path, count = options["names"], options["file"], options["count"]
+        if sum((bool(names), path is not None, count is not None)) != 1:
+            raise CommandError(
+                "give the proxies one way: NAME..., --file FILE.yaml, or --count N --prefix P"
+            )
+        if path is not None:
+            flags = ("cluster", "machine_type", "image", "zone", "cloud_init", "prefix")
+            given = ["--" + f.replace("_", "-") for f in flags if options[f]]
+            if given:
+                raise CommandError(
+                    f"--file takes every setting from the file; drop {', '.join(given)}"
+                )
+            specs = _specs_from_file(path)
+        else:
+            if count is not None:
+                names = _numbered(options["prefix"], count)
+            elif options["prefix"]:
+                raise CommandError("--prefix goes with --count N")
+            specs = _specs_from_flags(names, options)
+        try:
+            operations = proxies_create(specs=specs, via=RequestedVia.COMMAND)
+        except ValidationError as err:
+            raise CommandError(f"nothing was created: {_text(err)}") from err
+        width = max(len(op.proxy_name) for op in operations)
+        for op in operations:
+            assert op.proxy is not None
+            self.stdout.write(f"{op.proxy_name:<{width}}  {op.proxy.uid}")
+
+    # --- delete ---------------------------------------------------------------------------
+
+    def _delete(self, options: Mapping[str, Any]) -> None:
+        names, everything, cluster = options["names"], options["all"], options["cluster"]
+        if everything == bool(names):
+            raise CommandError("give NAME... or --all (not both)")
+        if cluster and not everything:
+            raise CommandError("--cluster goes with --all")
+        if everything:
+            rows = Proxy.objects.all()
+            if cluster:
+                rows = rows.filter(cluster=_cluster(cluster))
+            proxies = list(rows.order_by("name"))
+        else:
+            proxies = _proxies_named(names)
+        if not proxies:
+            self.stdout.write("no proxies to delete")
+            return
+        progress = Progress(self.stdout, len(proxies))
+        done = []
+        with transaction.atomic():
+            for index, proxy in enumerate(proxies, 1):
+                done.append((proxy, proxy_request_delete(proxy=proxy, via=RequestedVia.COMMAND)))
+                progress.update(index, "deleting")
+        progress.finish()
+        for proxy, op in done:
+            progress.line(f"{proxy.name}  deleting  operation {op.pk}")
+        self.stdout.write(f"deleting {_count(len(done), 'proxy', 'proxies')}")
+
+    # --- list -----------------------------------------------------------------------------
+
+    def _list(self, options: Mapping[str, Any]) -> None:
+        rows = [_as_json(p) for p in Proxy.objects.select_related("cluster").order_by("name")]
+        if options["json"]:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            self.stdout.write("no proxies")
+            return
+        columns = (
+            ("NAME", "name"),
+            ("CLUSTER", "cluster"),
+            ("PHASE", "phase"),
+            ("NODE", "node"),
+            ("VMID", "vmid"),
+            ("IP", "ip"),
+            ("CREATED", "createdAt"),
+            ("LAST ERROR", "lastError"),
+        )
+        table = [[title for title, _ in columns]]
+        for row in rows:
+            cells = ["" if row[key] is None else str(row[key]) for _, key in columns]
+            cells[-1] = _short(cells[-1], 60)
+            table.append(cells)
+        widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+        for cells in table:
+            line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+            self.stdout.write(line.rstrip())
+
+    # --- wait -----------------------------------------------------------------------------
+
+    def _wait(self, options: Mapping[str, Any]) -> None:
+        target, timeout = options["phase"], options["timeout"]
+        if timeout < 0:
+            raise CommandError("--timeout must not be negative")
+        names = list(dict.fromkeys(options["names"]))
+        if names and target != DELETED:
+            _proxies_named(names)  # refuses unknown names at once
+        if not names:
+            names = list(Proxy.objects.order_by("name").values_list("name", flat=True))
+        total = len(names)
+        deadline = time.monotonic() + timeout
+        progress = Progress(self.stdout, total)
+        shown: int | None = None
+        while True:
+            rows = _phases(names, named=bool(options["names"]))
+            if target == DELETED:
+                reached = sum(name not in rows for name in names)
+            else:
+                reached = sum(rows.get(name, ("", ""))[0] == target for name in names)
+            if reached != shown:
+                progress.line(f"{reached}/{total} {target}")
+                shown = reached
+            progress.update(reached, target)
+            if reached == total:
+                progress.finish()
+                return
+            failed = [n for n in names if n in rows and rows[n][0] == Phase.FAILED]
+            if failed and target != Phase.FAILED:
+                progress.finish()
+                detail = "; ".join(
+                    f"{n}: {_short(rows[n][1], 200) or 'no error recorded'}" for n in failed
+                )
+                raise CommandError(f"{len(failed)} Failed, cannot reach {target}: {detail}")
+            gone = [n for n in names if n not in rows]
+            if gone and target != DELETED:
+                progress.finish()
+                raise CommandError(f"deleted while waiting for {target}: {', '.join(gone)}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                progress.finish()
+                behind = [n for n in names if not _at(rows, n, target)]
+                raise CommandError(
+                    f"timed out after {timeout:g} s: {reached}/{total} {target}; not yet: "
+                    + _short(", ".join(f"{n} ({_where(rows, n)})" for n in behind), 400)
+                )
+            _pause(min(POLL_SECONDS, left))
+
+    # --- power ----------------------------------------------------------------------------
+
+    def _power(self, action: str, names: list[str]) -> None:
+        proxies = _proxies_named(names)
+        progress = Progress(self.stdout, len(proxies))
+        done, refused = [], []
+        with transaction.atomic():
+            for index, proxy in enumerate(proxies, 1):
+                try:
+                    op = proxy_power(proxy=proxy, action=action, via=RequestedVia.COMMAND)
+                except ValidationError as err:
+                    refused.append(f"{proxy.name}: {_text(err)}")
+                else:
+                    done.append((proxy, op))
+                progress.update(index, action)
+            if refused:
+                progress.finish()
+                raise CommandError(f"{action} refused, nothing was done: {'; '.join(refused)}")
+        progress.finish()
+        for proxy, op in done:
+            progress.line(f"{proxy.name}  {action}  operation {op.pk}")
+        self.stdout.write(f"{action}: {_count(len(done), 'proxy', 'proxies')}")
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _cluster(name: str) -> Cluster:
+    found = Cluster.objects.filter(name=name).first()
+    if found is None:
+        known = ", ".join(Cluster.objects.values_list("name", flat=True)) or "none"
+        raise CommandError(f"no cluster is named {name} (clusters: {known})")
+    return found
+
+
+def _proxies_named(names: Iterable[str]) -> list[Proxy]:
+    names = list(dict.fromkeys(names))
+    found = {p.name: p for p in Proxy.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise CommandError(f"no proxy is named {', '.join(missing)}; nothing was done")
+    return [found[n] for n in names]
+
+
+def _numbered(prefix: str | None, count: int) -> list[str]:
+    if not prefix:
+        raise CommandError("--count needs --prefix P (the proxies are named P-1 .. P-N)")
+    if not 1 <= count <= COUNT_MAX:
+        raise CommandError(f"--count must be from 1 to {COUNT_MAX}, got {count}")
+    width = len(str(count))
+    return [f"{prefix}-{i:0{width}d}" for i in range(1, count + 1)]
+
+
+def _name_problem(name: object) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "a proxy needs a name"
+    try:
+        field = Proxy._meta.get_field("name")
+        assert isinstance(field, models.Field)
+        field.run_validators(name)
+    except ValidationError as err:
+        return "; ".join(err.messages)
+    return None
+
+
+def _placement_problems(
+    cluster: Cluster, *, zone: str, machine_type: str, image: str
+) -> dict[str, str]:
+    try:
+        validate_placement(cluster, zone=zone, machine_type=machine_type, image=image)
+    except ValidationError as err:
+        return {field: "; ".join(messages) for field, messages in err.message_dict.items()}
+    return {}
+
+
+def _specs_from_flags(names: list[str], options: Mapping[str, Any]) -> list[ProxySpec]:
+    missing = [
+        "--" + f.replace("_", "-") for f in ("cluster", "machine_type", "image") if not options[f]
+    ]
+    if missing:
+        raise CommandError(f"also give {', '.join(missing)}")
+    cluster = _cluster(options["cluster"])
+    cloud_init = b""
+    if options["cloud_init"]:
+        try:
+            cloud_init = Path(options["cloud_init"]).read_bytes()
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            raise CommandError(
+                f"--cloud-init {options['cloud_init']}: cannot read it: {reason}"
+            ) from err
+    zone, machine_type, image = options["zone"], options["machine_type"], options["image"]
+    problems = [
+        f"{_FLAG_FOR.get(field, field)}: {message}"
+        for field, message in _placement_problems(
+            cluster, zone=zone, machine_type=machine_type, image=image
+        ).items()
+    ]
+    for name in names:
+        problem = _name_problem(name)
+        if problem:
+            problems.append(f"{name}: {problem}")
+    if problems:
+        raise CommandError("nothing was created: " + "; ".join(problems))
+    return [
+        ProxySpec(
+            name=name,
+            cluster=cluster,
+            machine_type=machine_type,
+            image=image,
+            zone=zone,
+            cloud_init=cloud_init,
+        )
+        for name in names
+    ]
+
+
+def _specs_from_file(path: str) -> list[ProxySpec]:
+    """The proxies of a ``--file``; every problem is collected under its path first."""
+    text, problem = read_text(path)
+    if problem is not None or text is None:
+        raise CommandError(str(problem))
+    documents, found = yaml_load_strict(text, path, single=True)
+    problems = [str(p) for p in found]
+    items = documents[0] if len(documents) == 1 else None
+    if not problems and not isinstance(items, list):
+        problems.append(f"{path}: must be a YAML list of proxies")
+    if not problems and not items:
+        problems.append(f"{path}: lists no proxies")
+    specs: list[ProxySpec] = []
+    clusters: dict[str, Cluster | None] = {}
+    placements: dict[tuple[int, str, str, str], dict[str, str]] = {}
+    base = Path(path).parent
+    for index, entry in enumerate(items if isinstance(items, list) and not problems else []):
+        where = f"{path}[{index}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}: must be a map with {', '.join(FILE_REQUIRED)}")
+            continue
+        before = len(problems)
+        for key in entry:
+            if key not in FILE_KEYS:
+                problems.append(
+                    f"{where}.{key}: is not a known key; allowed: {', '.join(FILE_KEYS)}"
+                )
+        for key in FILE_KEYS:
+            value = entry.get(key)
+            if value is None:
+                if key in FILE_REQUIRED:
+                    problems.append(f"{where}.{key}: is required")
+            elif not isinstance(value, str):
+                problems.append(f"{where}.{key}: must be text")
+        if entry.get("cloudInit") is not None and entry.get("cloudInitFile") is not None:
+            problems.append(f"{where}.cloudInitFile: give cloudInit or cloudInitFile, not both")
+        if len(problems) > before:
+            continue
+        name_problem = _name_problem(entry["name"])
+        if name_problem:
+            problems.append(f"{where}.name: {name_problem}")
+        cluster_name = entry["cluster"]
+        if cluster_name not in clusters:
+            clusters[cluster_name] = Cluster.objects.filter(name=cluster_name).first()
+        cluster = clusters[cluster_name]
+        if cluster is None:
+            problems.append(f"{where}.cluster: no cluster is named {cluster_name}")
+            continue
+        zone, machine_type, image = entry.get("zone") or "", entry["machineType"], entry["image"]
+        key = (cluster.pk, zone, machine_type, image)
+        if key not in placements:
+            placements[key] = _placement_problems(
+                cluster, zone=zone, machine_type=machine_type, image=image
+            )
+        problems.extend(f"{where}.{_KEY_FOR[f]}: {m}" for f, m in placements[key].items())
+        cloud_init = (entry.get("cloudInit") or "").encode()
+        if entry.get("cloudInitFile"):
+            source = base / entry["cloudInitFile"]
+            try:
+                cloud_init = source.read_bytes()
+            except OSError as err:
+                reason = err.strerror or type(err).__name__
+                problems.append(f"{where}.cloudInitFile: {source} cannot be read: {reason}")
+        specs.append(
+            ProxySpec(
+                name=entry["name"],
+                cluster=cluster,
+                machine_type=machine_type,
+                image=image,
+                zone=zone,
+                cloud_init=cloud_init,
+            )
+        )
+    if problems:
+        raise CommandError(
+            "the proxies file was refused; nothing was created:\n  " + "\n  ".join(problems)
+        )
+    return specs
+
+
+def _phases(names: list[str], *, named: bool) -> dict[str, tuple[str, str]]:
+    rows = Proxy.objects.filter(name__in=names) if named else Proxy.objects.all()
+    wanted = set(names)
+    return {
+        name: (phase, error)
+        for name, phase, error in rows.values_list("name", "phase", "last_error")
+        if name in wanted
+    }
+
+
+def _at(rows: Mapping[str, tuple[str, str]], name: str, target: str) -> bool:
+    return name not in rows if target == DELETED else rows.get(name, ("", ""))[0] == target
+
+
+def _where(rows: Mapping[str, tuple[str, str]], name: str) -> str:
+    return rows[name][0] if name in rows else "gone"
+
+
+def _as_json(proxy: Proxy) -> dict[str, Any]:
+    """One proxy in ``list --json``'s contract (DESIGN.md §7): exactly these keys; what is not
+    known yet is null. ``createdAt`` is when Proxmox created the VM (from its mark, seed 000
+    entry 8), as DESIGN.md §4 lists it among the observed fields."""
+    return {
+        "name": proxy.name,
+        "uid": str(proxy.uid),
+        "cluster": proxy.cluster.name,
+        "phase": proxy.phase,
+        "providerId": proxy.provider_id or None,
+        "vmid": proxy.vmid,
+        "node": proxy.node or None,
+        "ip": proxy.ip or None,
+        "lastError": proxy.last_error or None,
+        "createdAt": _rfc3339(proxy.vm_created_at),
+    }
+
+
+def _rfc3339(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _text(err: ValidationError) -> str:
+    if hasattr(err, "error_dict"):
+        parts: list[str] = []
+        for field, messages in err.message_dict.items():
+            label = "" if field == "__all__" else f"{field}: "
+            parts.extend(label + m for m in messages)
+        return "; ".join(parts)
+    return "; ".join(err.messages)
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
