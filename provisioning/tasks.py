@@ -14,7 +14,6 @@ STEP_TASK = "proxyhub.provisioning.step"
 
 @shared_task(
     name=STEP_TASK,
-    queue="provisioning",
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
@@ -36,7 +35,6 @@ def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
 
 @shared_task(
     name="proxyhub.provisioning.sweep",
-    queue="provisioning",
     ignore_result=True,
     soft_time_limit=60,
     time_limit=90,
@@ -49,7 +47,6 @@ def sweep() -> int:
 
 @shared_task(
     name="proxyhub.provisioning.reconcile",
-    queue="provisioning",
     ignore_result=True,
     soft_time_limit=240,
     time_limit=300,
@@ -64,7 +61,6 @@ def reconcile() -> dict[str, int]:
 
 @shared_task(
     name="proxyhub.provisioning.gc",
-    queue="provisioning",
     ignore_result=True,
     soft_time_limit=240,
     time_limit=300,

@@ -54,7 +54,8 @@ from .providers import provider_for
 log = logging.getLogger("proxyhub.operations")
 
 # A delivery's claim outlives the step task's hard time limit, so a killed worker's claim
-# expires and the sweeper can send the step again.
+# expires and the sweeper can send the step again (setting PROXYHUB_STEP_CLAIM_SECONDS; only
+# tests that kill workers shorten it, to see recovery without waiting four minutes).
 CLAIM_SECONDS = 240
 # How early a countdown message may arrive and still count as due (clock skew between hosts).
 DUE_SLACK = timedelta(seconds=2)
@@ -90,7 +91,8 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
         .filter(Q(next_step_at__isnull=True) | Q(next_step_at__lte=now + DUE_SLACK))
         .update(
             claim_token=claim,
-            claim_expires_at=now + timedelta(seconds=CLAIM_SECONDS),
+            claim_expires_at=now
+            + timedelta(seconds=_setting("PROXYHUB_STEP_CLAIM_SECONDS", CLAIM_SECONDS)),
             dispatch_token="",
         )
     )

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from django.conf import settings
+
 from provisioning.models import Cluster, Installation
 from provisioning.proxmox.api import Api, Transport
 from provisioning.proxmox.budgets import Budgets
@@ -39,6 +41,14 @@ def _http_transport(config: ProxmoxConfig) -> Transport:
     )
 
 
+def _default_budgets() -> Budgets:
+    """Seed 000 entry 18's budgets, with the pause between task and status polls from the
+    setting ``PROXYHUB_POLL_INTERVAL_SECONDS`` (1 s suits a real node; the ``fast`` simulator
+    profile's 0.1 s tasks finish well inside it)."""
+    interval = float(getattr(settings, "PROXYHUB_POLL_INTERVAL_SECONDS", 1.0))
+    return Budgets(poll_interval=interval)
+
+
 def provider_for(cluster: Cluster) -> Provider:
     """The provider for ``cluster`` as it is now."""
     key = (cluster.pk, cluster.updated_at.isoformat() if cluster.updated_at else "")
@@ -48,7 +58,7 @@ def provider_for(cluster: Cluster) -> Provider:
         return provider
     config = cluster.proxmox_config(Installation.current_id())
     transport = (_factory or _http_transport)(config)
-    provider = Provider(Api(transport), config, budgets=_budgets or Budgets())
+    provider = Provider(Api(transport), config, budgets=_budgets or _default_budgets())
     with _lock:
         for stale in [k for k in _cache if k[0] == cluster.pk and k != key]:
             old = _cache.pop(stale)

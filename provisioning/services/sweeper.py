@@ -13,6 +13,7 @@ import logging
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -22,14 +23,21 @@ from provisioning.models.choices import ACTIVE_STATES
 
 log = logging.getLogger("proxyhub.operations")
 
+# How late a step may be before it counts as lost (setting PROXYHUB_SWEEPER_GRACE_SECONDS).
 GRACE = timedelta(seconds=30)
 BATCH = 1000
 
 
-def operations_sweep(*, grace: timedelta = GRACE) -> int:
+def operations_sweep(*, grace: timedelta | None = None) -> int:
     """Re-send every overdue step; returns how many were re-sent."""
     from provisioning.tasks import send_step
 
+    if grace is None:
+        grace = timedelta(
+            seconds=float(
+                getattr(settings, "PROXYHUB_SWEEPER_GRACE_SECONDS", GRACE.total_seconds())
+            )
+        )
     now = timezone.now()
     overdue = (
         Operation.objects.filter(state__in=ACTIVE_STATES, next_step_at__lte=now - grace)

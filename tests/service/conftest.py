@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pump import pump, sim  # noqa: F401  (the service tests' simulator and message pump)
 
 REPO = Path(__file__).resolve().parents[2]
 # A key that satisfies security.W009 (50+ characters, 5+ distinct, no "django-insecure-").
@@ -33,6 +34,7 @@ for path in sys.argv[1:]:
     response = client.get(path)
     out.append({"path": path, "status": response.status_code,
                 "content_type": response.get("Content-Type", ""),
+                "location": response.get("Location", ""),
                 "body": response.content.decode()})
 print("PROBE " + json.dumps(out))
 """
@@ -51,7 +53,9 @@ def prod_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _run(args: list[str], env: Mapping[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], env: Mapping[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         env=dict(env),

@@ -1,0 +1,100 @@
+"""The Celery app ``proxyhub``: ``celery -A proxyhub worker`` and ``celery -A proxyhub beat``.
+
+All configuration comes from Django settings under the ``CELERY_`` prefix (see the CELERY
+section of ``proxyhub.settings`` for why each value is what it is). Workers log through Django's
+``LOGGING`` rather than Celery's own handlers, so their lines are the same JSON as the web's.
+
+``check_visibility_timeout`` guards the one setting whose wrong value silently duplicates work:
+the Redis visibility timeout (research/reliability.md §5 items 6 and 7). It is registered as a
+Django system check, so ``manage.py check``, ``migrate`` and ``runserver`` refuse to run with an
+unsafe value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+from celery.signals import setup_logging
+from django.core import checks
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+
+app = Celery("proxyhub")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+# Broker transports whose unacknowledged messages come back after a visibility timeout.
+_VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")
+
+# Redelivery must wait this many times the longest a message can legitimately stay unacked.
+VISIBILITY_MARGIN = 4
+
+
+@setup_logging.connect
+def _use_django_logging(**_: Any) -> None:
+    """Connecting this signal stops Celery configuring logging; Django's LOGGING applies."""
+    from django.conf import settings
+    from django.utils.log import configure_logging
+
+    configure_logging(settings.LOGGING_CONFIG, settings.LOGGING)
+
+
+def check_visibility_timeout(
+    *,
+    broker_url: str,
+    transport_options: Mapping[str, Any],
+    task_time_limit: float | None,
+    max_backoff: float,
+) -> str | None:
+    """Why this broker configuration can deliver a message twice, or ``None`` when it is safe.
+
+    A Redis worker keeps a message unacknowledged while it runs (late acks) and while its
+    countdown runs down, then Redis hands it to another worker once the visibility timeout
+    passes. The timeout must exceed ``VISIBILITY_MARGIN`` times (hard time limit + longest
+    countdown). Transports without a visibility timeout (the embedded filesystem broker) pass.
+    """
+    scheme = broker_url.split("://", 1)[0].split("+")[0].lower()
+    if scheme not in _VISIBILITY_TRANSPORTS:
+        return None
+    if not task_time_limit:
+        return "CELERY_TASK_TIME_LIMIT is not set, so no visibility timeout is provably safe"
+    needed = VISIBILITY_MARGIN * (task_time_limit + max_backoff)
+    timeout = transport_options.get("visibility_timeout")
+    if timeout is None:
+        return (
+            f"CELERY_BROKER_TRANSPORT_OPTIONS has no visibility_timeout; it must be at least "
+            f"{needed:g} s ({VISIBILITY_MARGIN} x (task time limit {task_time_limit:g} s + "
+            f"max step backoff {max_backoff:g} s))"
+        )
+    if float(timeout) < needed:
+        return (
+            f"broker visibility_timeout {float(timeout):g} s is below {needed:g} s "
+            f"({VISIBILITY_MARGIN} x (task time limit {task_time_limit:g} s + max step backoff "
+            f"{max_backoff:g} s)): a running or counting-down step would be delivered twice"
+        )
+    return None
+
+
+@checks.register("celery")
+def visibility_timeout_check(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    from django.conf import settings
+
+    problem = check_visibility_timeout(
+        broker_url=settings.CELERY_BROKER_URL,
+        transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        task_time_limit=settings.CELERY_TASK_TIME_LIMIT,
+        max_backoff=settings.PROXYHUB_STEP_MAX_BACKOFF_SECONDS,
+    )
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            problem,
+            hint="Raise visibility_timeout in CELERY_BROKER_TRANSPORT_OPTIONS or lower "
+            "PROXYHUB_STEP_MAX_BACKOFF_SECONDS.",
+            id="proxyhub.E001",
+        )
+    ]

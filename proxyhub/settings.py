@@ -1,0 +1,404 @@
+"""proxyhub's settings, one module, every value from the environment (django-environ).
+
+Every variable read here is listed with its default in ``.env.example``. The defaults are
+production-safe: ``DJANGO_DEBUG`` is off unless set, a missing ``DJANGO_SECRET_KEY`` stops the
+process, and the HTTPS settings satisfy ``manage.py check --deploy --fail-level WARNING``.
+Development conveniences (a throwaway secret key, no HTTPS redirect, cookies over plain HTTP)
+apply only when ``DJANGO_DEBUG`` is true, which is what ``make run`` sets.
+
+A test run is the one other exception: pytest-django imports this module before any conftest
+can set variables, so under pytest (pytest exports ``PYTEST_VERSION`` for the whole session) a
+fixed test key replaces the missing secret and the HTTPS redirect is off, so the test client can
+speak plain HTTP. Production processes never carry ``PYTEST_VERSION``.
+
+proxyhub's own knobs are plain ``PROXYHUB_*`` settings (not one dict), so tests can override
+each with ``override_settings`` and ``settings.PROXYHUB_LEASE_SECONDS`` reads as what it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Exchange, Queue
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+class _NonEmptyEnviron(Mapping[str, str]):
+    """``os.environ`` with empty variables hidden, so an empty value means "use the default".
+
+    A copied ``.env.example`` and compose's ``${VAR:-}`` set variables to the empty string;
+    without this, ``DJANGO_SECURE_SSL_REDIRECT=`` would read as false and ``DATABASE_URL=`` as a
+    broken URL.
+    """
+
+    def __getitem__(self, key: str) -> str:
+        value = os.environ[key]
+        if value == "":
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, v in os.environ.items() if v != "")
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+env = environ.Env()
+env.ENVIRON = _NonEmptyEnviron()
+
+# Like cookiecutter-django: a .env file is read only when asked, and the process environment
+# always wins over it. docker compose (env_file) and honcho (`make run`) load .env themselves.
+if env.bool("DJANGO_READ_DOT_ENV_FILE", default=False):
+    environ.Env.read_env(str(BASE_DIR / ".env"))
+
+_UNDER_PYTEST = "PYTEST_VERSION" in os.environ
+
+# Everything proxyhub writes locally (SQLite database, embedded broker, metrics files, collected
+# static files) lives under one directory, so a container mounts one volume. A relative path is
+# relative to the repository, not to the working directory.
+VAR_DIR = (BASE_DIR / env.str("PROXYHUB_VAR_DIR", default="var")).resolve()
+
+
+def _ensure_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot create {path} ({type(exc).__name__}); set PROXYHUB_VAR_DIR to a writable "
+            "directory"
+        ) from exc
+    return path
+
+
+_ensure_dir(VAR_DIR)
+
+# ----------------------------------------------------------------------------------------------
+# GENERAL
+# ----------------------------------------------------------------------------------------------
+# https://docs.djangoproject.com/en/5.2/ref/settings/#debug
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+# https://docs.djangoproject.com/en/5.2/ref/settings/#secret-key
+# Required in production: env.str raises ImproperlyConfigured naming the variable when unset.
+if DEBUG:
+    SECRET_KEY = env.str(
+        "DJANGO_SECRET_KEY", default="django-insecure-proxyhub-development-key-never-in-production"
+    )
+elif _UNDER_PYTEST:
+    SECRET_KEY = env.str(
+        "DJANGO_SECRET_KEY", default="proxyhub-test-suite-key-4f9c2a7e81d3b6a05c9e2f71d8b3a6e4"
+    )
+else:
+    SECRET_KEY = env.str("DJANGO_SECRET_KEY")
+
+# https://docs.djangoproject.com/en/5.2/ref/settings/#allowed-hosts
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+# https://docs.djangoproject.com/en/5.2/ref/settings/#csrf-trusted-origins
+# Needed when the admin is reached through a proxy on another origin, e.g. https://proxyhub.lan
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+TIME_ZONE = "UTC"
+USE_TZ = True
+LANGUAGE_CODE = "en-us"
+USE_I18N = True
+
+ROOT_URLCONF = "proxyhub.urls"
+WSGI_APPLICATION = "proxyhub.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ----------------------------------------------------------------------------------------------
+# DATABASES
+# ----------------------------------------------------------------------------------------------
+# https://docs.djangoproject.com/en/5.2/ref/settings/#databases
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'proxyhub.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Several worker processes, Beat and the web process write to one SQLite file. WAL lets
+    # readers run beside the writer; IMMEDIATE takes the write lock when a transaction starts, so
+    # a transaction never fails half-way on "database is locked" when it upgrades a read lock
+    # (Django 5.1 release notes, "SQLite transaction mode"); the 20 s busy timeout makes a
+    # writer wait for the lock instead of failing at once.
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("init_command", "PRAGMA journal_mode=WAL;")
+    _db["OPTIONS"].setdefault("transaction_mode", "IMMEDIATE")
+    _db["OPTIONS"].setdefault("timeout", 20)
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # An unreachable server must fail /readyz and a worker's step within seconds, not hang on
+    # the kernel's TCP connect timeout. A connect_timeout in the URL's query string wins.
+    _db.setdefault("OPTIONS", {})
+    _db["OPTIONS"].setdefault("connect_timeout", 5)
+
+# ----------------------------------------------------------------------------------------------
+# APPS AND MIDDLEWARE
+# ----------------------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "provisioning",
+    "healthchecks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Admin overrides live in <repo>/templates/admin/<app>/<model>/ (DESIGN §3).
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+# ----------------------------------------------------------------------------------------------
+# STATIC FILES
+# ----------------------------------------------------------------------------------------------
+# With DEBUG on, runserver serves the admin's static files through django.contrib.staticfiles.
+# In production run `manage.py collectstatic` and let the reverse proxy in front of gunicorn
+# serve STATIC_ROOT at STATIC_URL; Django itself does not serve static files with DEBUG off.
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# ----------------------------------------------------------------------------------------------
+# SECURITY
+# ----------------------------------------------------------------------------------------------
+# The admin is only ever reached over HTTPS in production. Behind a reverse proxy that ends TLS,
+# either keep the redirect and set DJANGO_SECURE_PROXY_SSL_HEADER=true so Django trusts the
+# proxy's X-Forwarded-Proto (only when the proxy overwrites that header from clients), or let the
+# proxy redirect and set DJANGO_SECURE_SSL_REDIRECT=false.
+SECURE_SSL_REDIRECT = env.bool(
+    "DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG and not _UNDER_PYTEST
+)
+if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Probes and Prometheus talk to the process directly over the internal network, often by IP
+# and plain HTTP; a redirect to HTTPS would fail them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# One year, subdomains included. Preload stays off: submitting a domain to the browsers' preload
+# list is a commitment for every host under it that an operator must make, not a default.
+SECURE_HSTS_SECONDS = 0 if DEBUG else 31_536_000
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = False
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_SECURE = not DEBUG
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SECURE = not DEBUG
+X_FRAME_OPTIONS = "DENY"
+# security.W021 asks for HSTS preload, which is deliberately off (see above).
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+
+# Error reports (the DEBUG page, mail_admins, Sentry-style reporters) must not show database or
+# broker URLs, tokens, or cloud-init, whatever the setting or local variable is called.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "proxyhub.error_reports.SensitiveReporterFilter"
+
+# ----------------------------------------------------------------------------------------------
+# PROXYHUB
+# ----------------------------------------------------------------------------------------------
+# GC deletes a managed VM or seed ISO without a live proxy only when it is older than this, so a
+# create that has not yet written its row is never collected (DESIGN §5 GC).
+PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900)
+# Beat intervals, used by the data migration that creates the periodic tasks.
+PROXYHUB_RECONCILE_INTERVAL_SECONDS = env.int("PROXYHUB_RECONCILE_INTERVAL_SECONDS", default=60)
+PROXYHUB_GC_INTERVAL_SECONDS = env.int("PROXYHUB_GC_INTERVAL_SECONDS", default=300)
+PROXYHUB_SWEEPER_INTERVAL_SECONDS = env.int("PROXYHUB_SWEEPER_INTERVAL_SECONDS", default=30)
+PROXYHUB_HEALTH_INTERVAL_SECONDS = env.int("PROXYHUB_HEALTH_INTERVAL_SECONDS", default=60)
+PROXYHUB_HEALTH_RETENTION_DAYS = env.int("PROXYHUB_HEALTH_RETENTION_DAYS", default=7)
+# How long an operation owns its proxy's lease before another may take it over (DESIGN §6).
+PROXYHUB_LEASE_SECONDS = env.int("PROXYHUB_LEASE_SECONDS", default=300)
+# The longest countdown a step waits before it is re-enqueued; part of the visibility rule.
+PROXYHUB_STEP_MAX_BACKOFF_SECONDS = env.int("PROXYHUB_STEP_MAX_BACKOFF_SECONDS", default=300)
+# Optional bearer token for /metrics; empty leaves it open on the internal network.
+PROXYHUB_METRICS_TOKEN = env.str("PROXYHUB_METRICS_TOKEN", default="")
+
+_log_level = env.str("PROXYHUB_LOG_LEVEL", default="INFO").upper()
+if _log_level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        "PROXYHUB_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+    )
+PROXYHUB_LOG_LEVEL = _log_level
+
+
+# The key that seals cloud-init at rest (provisioning.sealing). Empty: derived from
+# DJANGO_SECRET_KEY, so rotating DJANGO_SECRET_KEY would make stored cloud-init unreadable; set it
+# explicitly in production, to at least 32 random characters.
+PROXYHUB_SECRETS_KEY = env.str("PROXYHUB_SECRETS_KEY", default="")
+if PROXYHUB_SECRETS_KEY and len(PROXYHUB_SECRETS_KEY) < 32:
+    # The value itself is never echoed: it is a secret.
+    raise ImproperlyConfigured(
+        "PROXYHUB_SECRETS_KEY must be at least 32 characters; generate one with "
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+    )
+
+# ----------------------------------------------------------------------------------------------
+# CELERY
+# ----------------------------------------------------------------------------------------------
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html
+REDIS_URL = env.str("REDIS_URL", default="")
+BROKER_DIR = VAR_DIR / "broker"
+
+if REDIS_URL:
+    CELERY_BROKER_URL = REDIS_URL
+    # Redis redelivers a message that is not acknowledged within the visibility timeout, and a
+    # worker holds a countdown message unacknowledged until it runs. So the timeout must be well
+    # above the longest task (hard limit) plus the longest countdown, or a step still running or
+    # still waiting out its countdown is delivered twice (research/reliability.md §5 item 6; the
+    # rule is enforced by the system check in proxyhub.celery).
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+else:
+    # The embedded broker for one machine: kombu's filesystem transport needs no server. Producer
+    # and consumer read this same configuration, so "in" and "out" are one folder. The control
+    # folder holds the exchange tables (it defaults to ./control relative to the working
+    # directory, hence set explicitly). Messages are not kept after delivery.
+    # The host part means nothing to this transport; naming one avoids kombu's warning.
+    CELERY_BROKER_URL = "filesystem://localhost/"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_ensure_dir(BROKER_DIR / "queue")),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(_ensure_dir(BROKER_DIR / "processed")),
+        "control_folder": str(_ensure_dir(BROKER_DIR / "control")),
+        "store_processed": False,
+    }
+
+# Keep retrying the broker while it starts (compose starts everything at once).
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# JSON only: a pickle payload from the broker is code execution.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+# The journal (Operation, OperationStep) is the record of outcomes; no result backend is needed.
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+# A step is acknowledged only when it finished, and comes back when its worker dies mid-step:
+# every step is idempotent and resumes from what Proxmox holds (seed 000 "what a retry finds").
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A message that can no longer be acknowledged (the broker connection was lost) will be
+# redelivered anyway, so the running copy is cancelled rather than finishing twice.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# One message reserved per worker process: with late acks a prefetched message waits behind a
+# long step instead of being taken by an idle worker.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A step never sleeps on Proxmox (it re-enqueues with a countdown), so two minutes is generous;
+# the soft limit lets the step record its state before the hard limit kills the process.
+CELERY_TASK_SOFT_TIME_LIMIT = 120
+CELERY_TASK_TIME_LIMIT = 180
+# Two queues so bulk provisioning cannot starve node health checks; a plain
+# `celery -A proxyhub worker` consumes both, a deployment may split them with -Q.
+# Each queue has its own exchange and routing key: queues declared by name alone share the
+# default exchange and routing key, and a message would land in both.
+CELERY_TASK_DEFAULT_QUEUE = "provisioning"
+CELERY_TASK_DEFAULT_EXCHANGE = "provisioning"
+CELERY_TASK_DEFAULT_ROUTING_KEY = "provisioning"
+CELERY_TASK_QUEUES = (
+    Queue("provisioning", Exchange("provisioning", type="direct"), routing_key="provisioning"),
+    Queue("health", Exchange("health", type="direct"), routing_key="health"),
+)
+CELERY_TASK_ROUTES = {"proxyhub.health.*": {"queue": "health"}}
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Workers log through Django's LOGGING (proxyhub.celery connects setup_logging).
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# ----------------------------------------------------------------------------------------------
+# METRICS
+# ----------------------------------------------------------------------------------------------
+# Proxmox calls happen in worker processes, /metrics is served by the web process: both write
+# their counters to files in one directory (prometheus_client's multiprocess mode) and /metrics
+# adds them up. prometheus_client decides the mode when it is first imported, so the variable is
+# set here, before anything imports it. Every process on a machine must share the directory;
+# empty it before starting them (not while they run). Under pytest the default is not applied:
+# tests keep process-local metrics unless they set PROMETHEUS_MULTIPROC_DIR themselves.
+PROMETHEUS_MULTIPROC_DIR = env.str(
+    "PROMETHEUS_MULTIPROC_DIR", default="" if _UNDER_PYTEST else str(VAR_DIR / "metrics")
+)
+if PROMETHEUS_MULTIPROC_DIR:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
+    _ensure_dir(Path(PROMETHEUS_MULTIPROC_DIR))
+
+# ----------------------------------------------------------------------------------------------
+# LOGGING
+# ----------------------------------------------------------------------------------------------
+# One JSON object per line on stdout, for web, workers and Beat alike. The console handler
+# filters by PROXYHUB_LOG_LEVEL; the Proxmox API logger always emits INFO so the metrics handler
+# sees every call even when the console shows only warnings.
+_proxmox_api_level = min(logging.INFO, logging.getLevelName(PROXYHUB_LOG_LEVEL))
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {
+        "redact_secrets": {"()": "proxyhub.logging.RedactSecretsFilter"},
+    },
+    "formatters": {
+        "json": {"()": "proxyhub.logging.JsonFormatter"},
+    },
+    "handlers": {
+        "stdout": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stdout",
+            "formatter": "json",
+            "filters": ["redact_secrets"],
+            "level": PROXYHUB_LOG_LEVEL,
+        },
+        "proxmox_metrics": {
+            "class": "proxyhub.metrics.ProxmoxCallMetricsHandler",
+            "level": "INFO",
+        },
+    },
+    "root": {"handlers": ["stdout"], "level": PROXYHUB_LOG_LEVEL},
+    "loggers": {
+        # Django's defaults print to stderr in DEBUG and mail admins otherwise; everything goes
+        # through the one JSON handler instead.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+        "proxyhub.proxmox.api": {
+            "handlers": ["proxmox_metrics"],
+            "level": logging.getLevelName(_proxmox_api_level),
+            "propagate": True,
+        },
+    },
+}
+
+# ----------------------------------------------------------------------------------------------
+# POLLING (integration tests and benchmarks shorten these against the `fast` simulator)
+# ----------------------------------------------------------------------------------------------
+# The pause between polls of a running Proxmox task or VM status (Budgets.poll_interval), and
+# between guest-agent reads while a started VM has no address yet.
+PROXYHUB_POLL_INTERVAL_SECONDS = env.float("PROXYHUB_POLL_INTERVAL_SECONDS", default=1.0)
+PROXYHUB_ADDRESS_POLL_SECONDS = env.float("PROXYHUB_ADDRESS_POLL_SECONDS", default=3.0)
