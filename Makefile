@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest sim clean
+.PHONY: run test lint typecheck pytest sim clean
 
 # The venv is rebuilt whenever a requirements file changes.
 $(STAMP): requirements.txt requirements-dev.txt
@@ -27,6 +27,12 @@ pytest: $(STAMP)
 
 # The whole suite: style, types, then every test tier.
 test: lint typecheck pytest
+
+# proxyhub on this machine: migrate SQLite, start the simulator and import its catalogue,
+# create the admin user and print its login, then web, a worker and Beat until Ctrl-C
+# (bin/run-local; options through RUN_ARGS, e.g. RUN_ARGS="--web-port 8001").
+run: $(STAMP)
+	$(BIN)/python bin/run-local $(RUN_ARGS)
 
 # The Proxmox simulator on its own, for poking at it with curl.
 sim: $(STAMP)

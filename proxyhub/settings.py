@@ -54,7 +54,7 @@ env = environ.Env()
 env.ENVIRON = _NonEmptyEnviron()
 
 # Like cookiecutter-django: a .env file is read only when asked, and the process environment
-# always wins over it. docker compose (env_file) and honcho (`make run`) load .env themselves.
+# always wins over it. docker compose (env_file) loads .env itself; `make run` never reads it.
 if env.bool("DJANGO_READ_DOT_ENV_FILE", default=False):
     environ.Env.read_env(str(BASE_DIR / ".env"))
 
@@ -154,6 +154,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files straight from gunicorn, so the admin works without a separate web server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -189,10 +191,14 @@ AUTH_PASSWORD_VALIDATORS = [
 # STATIC FILES
 # ----------------------------------------------------------------------------------------------
 # With DEBUG on, runserver serves the admin's static files through django.contrib.staticfiles.
-# In production run `manage.py collectstatic` and let the reverse proxy in front of gunicorn
-# serve STATIC_ROOT at STATIC_URL; Django itself does not serve static files with DEBUG off.
+# In production `manage.py collectstatic` (the container image runs it) fills STATIC_ROOT and
+# WhiteNoise serves it from gunicorn, compressed, with far-future cache headers.
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = _ensure_dir(VAR_DIR / "static")  # WhiteNoise warns when it is missing
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # ----------------------------------------------------------------------------------------------
 # SECURITY

@@ -1,0 +1,37 @@
+# proxyhub's one image: web (gunicorn, the default command), worker, Beat, migrate and the
+# simulator all run from it with different commands (docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# gunicorn's number of worker processes; .env (env_file) can override it.
+ENV WEB_CONCURRENCY=3
+
+# A fixed, unprivileged uid, so files on bind mounts (the Proxmox token and CA) can be given
+# to it: chown 10001 or a group-readable file.
+RUN groupadd --system --gid 10001 proxyhub \
+    && useradd --system --uid 10001 --gid proxyhub --home-dir /app --no-create-home \
+       --shell /usr/sbin/nologin proxyhub
+
+WORKDIR /app
+
+# Dependencies first, so a code change does not reinstall them. Every pin has a wheel for
+# linux/amd64 and arm64 (psycopg[binary], cryptography), so no compiler is needed.
+COPY requirements.txt .
+RUN pip install -r requirements.txt
+
+COPY . .
+
+# Static files for the admin, collected at build time into STATIC_ROOT (/app/var/static).
+# Settings refuse to load without a secret key when DEBUG is off; this one exists only for
+# this command and is not in the image's environment.
+RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput \
+    && mkdir -p /app/var /pvesim \
+    && chown -R proxyhub:proxyhub /app/var /pvesim
+
+USER proxyhub
+
+EXPOSE 8000
+CMD ["gunicorn", "proxyhub.wsgi:application", "--bind", "0.0.0.0:8000", "--access-logfile", "-"]
