@@ -245,6 +245,16 @@ PROXYHUB_GC_INTERVAL_SECONDS = env.int("PROXYHUB_GC_INTERVAL_SECONDS", default=3
 PROXYHUB_SWEEPER_INTERVAL_SECONDS = env.int("PROXYHUB_SWEEPER_INTERVAL_SECONDS", default=30)
 PROXYHUB_HEALTH_INTERVAL_SECONDS = env.int("PROXYHUB_HEALTH_INTERVAL_SECONDS", default=60)
 PROXYHUB_HEALTH_RETENTION_DAYS = env.int("PROXYHUB_HEALTH_RETENTION_DAYS", default=7)
+# A health round's deadline per cluster; a node not answered by then reports Timeout.
+PROXYHUB_HEALTH_DEADLINE_SECONDS = env.float("PROXYHUB_HEALTH_DEADLINE_SECONDS", default=20.0)
+# Health results older than this no longer steer placement (a stopped Beat must not block it).
+PROXYHUB_HEALTH_STALE_SECONDS = env.int(
+    "PROXYHUB_HEALTH_STALE_SECONDS", default=5 * PROXYHUB_HEALTH_INTERVAL_SECONDS
+)
+# How often Beat prunes health history older than the retention.
+PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS = env.int(
+    "PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS", default=3600
+)
 # How long an operation owns its proxy's lease before another may take it over (DESIGN §6).
 PROXYHUB_LEASE_SECONDS = env.int("PROXYHUB_LEASE_SECONDS", default=300)
 # The longest countdown a step waits before it is re-enqueued; part of the visibility rule.

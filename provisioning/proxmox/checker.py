@@ -268,6 +268,11 @@ def _run_steps(api: Api, config: ProxmoxConfig, run: _NodeRun, deadline: Deadlin
     kernel = _kernel(status)
     if kernel:
         run.note(kernel=kernel)
+    mem_free = _mem_free(status)
+    if mem_free is not None:
+        # Placement sends a proxy without a zone to the ready node with the most free memory
+        # (healthchecks); the check reads this answer anyway, so it costs no request.
+        run.note(memFreeBytes=mem_free)
 
     run.note(f"reading the status of storage {storage}")
     storage_status = _request(
@@ -379,6 +384,21 @@ def _kernel(status: dict[str, Any]) -> str:
     # Older nodes only have ``kversion``: ``Linux 6.8.12-4-pve #1 SMP ...``.
     parts = str(status.get("kversion", "")).split()
     return parts[1] if len(parts) > 1 else ""
+
+
+def _mem_free(status: dict[str, Any]) -> int | None:
+    """Bytes a new VM can use: ``memory.available`` (page cache counts as free), else ``free``.
+
+    pve-reference §7.3: ``memory`` holds ``total``, ``used``, ``free`` and ``available``.
+    """
+    memory = status.get("memory")
+    if not isinstance(memory, dict):
+        return None
+    for key in ("available", "free"):
+        value = memory.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+    return None
 
 
 def _storage_problem(status: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.steps import StepResult
 
-from .placement import choose_node
+from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 
 log = logging.getLogger("proxyhub.operations")
@@ -109,6 +109,12 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
     started = time.monotonic()
     try:
         outcome = _run(op)
+    except ClassifiedError as err:  # an expected failure outside the provider (placement, ...)
+        log.info("step failed", extra={"operation": operation_id, "error": str(err)})
+        stage = str(op.progress.get("stage", "step"))
+        outcome = Outcome(
+            StepResult("error", dict(op.progress), stage, error=err), dict(op.progress)
+        )
     except Exception as err:  # a bug or an unexpected failure: keep the operation alive
         log.exception("step failed unexpectedly", extra={"operation": operation_id})
         stage = str(op.progress.get("stage", "step"))
@@ -172,6 +178,9 @@ def _run_create(op: Operation, provider: Provider, progress: dict[str, Any]) -> 
         return _address(op, provider, progress)
     record = progress.get("create") or provider.new_create_progress()
     if "zone" not in progress:
+        if proxy.zone:
+            # The operator chose the node; still, no new VM goes to a node known not ready.
+            assert_node_ready(proxy.cluster, proxy.zone)
         progress["zone"] = proxy.zone or choose_node(proxy.cluster, provider.config)
     req = CreateRequest(
         uid=str(proxy.uid),

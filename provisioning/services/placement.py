@@ -1,18 +1,59 @@
-"""Where a proxy without a zone goes (DESIGN.md §4; health-aware placement builds on this).
+"""Where a proxy without a zone goes (DESIGN.md §4, seed 000 entry 3, issue 6).
 
-A blank zone on a one-node cluster is that node (seed 000 entry 3). On a larger cluster the
-node with the fewest proxies of ours wins, ties broken by config order, so a fleet spreads
-evenly and the choice is deterministic.
+Without node health (no health source registered, or no fresh result for any node of the
+cluster) the choice is the one that needs nothing but the database: a one-node cluster's node
+(entry 3), else the node with the fewest proxies of ours, ties broken by config order, so a
+fleet spreads evenly and deterministically.
+
+With node health, no new VM goes to a node that is not ready: the proxy goes to the ready node
+with the most free memory, as the latest check read it from ``/nodes/{node}/status`` less the
+memory of our proxies placed there that the check could not have seen yet (their VM was not
+observed as created before the check). When no node is ready the create fails transiently and
+retries, so it proceeds once a check finds a node ready again.
+
+``provisioning`` does not import ``healthchecks`` (DESIGN.md §3): the health app registers a
+source with ``register_node_health`` when Django starts.
 """
 
 from __future__ import annotations
 
-from django.db.models import Count
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 
-from provisioning.models import Cluster, Proxy
+from django.db.models import Count, Q
+
+from provisioning.models import Cluster, MachineType, Proxy
 from provisioning.models.choices import DesiredState
 from provisioning.proxmox.config import ProxmoxConfig
-from provisioning.proxmox.errors import PermanentError
+from provisioning.proxmox.errors import PermanentError, TransientError
+
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class NodeHealthView:
+    """What placement needs to know of a node's latest health check."""
+
+    ready: bool
+    reason: str
+    checked_at: datetime
+    mem_free_bytes: int | None = None
+
+
+# cluster -> {node: its latest fresh result}; empty when nothing fresh is known.
+NodeHealthSource = Callable[[Cluster], Mapping[str, NodeHealthView]]
+
+_sources_lock = threading.Lock()
+_sources: list[NodeHealthSource] = []
+
+
+def register_node_health(source: NodeHealthSource) -> None:
+    """Make placement health-aware; registering the same source twice is a no-op."""
+    with _sources_lock:
+        if source not in _sources:
+            _sources.append(source)
 
 
 def choose_node(cluster: Cluster, config: ProxmoxConfig) -> str:
@@ -22,13 +63,102 @@ def choose_node(cluster: Cluster, config: ProxmoxConfig) -> str:
             f"cluster {cluster.name} has no nodes",
             remediation="add the cluster's nodes to the catalogue",
         )
-    if len(nodes) == 1:
-        return nodes[0]
-    counts = dict(
-        Proxy.objects.filter(cluster=cluster, desired_state=DesiredState.PRESENT)
-        .exclude(node="")
+    health = _node_health(cluster)
+    if not any(node in health for node in nodes):
+        if len(nodes) == 1:
+            return nodes[0]
+        return _fewest_proxies(cluster, nodes)
+    ready = [node for node in nodes if node in health and health[node].ready]
+    if not ready:
+        raise TransientError(
+            f"no node of cluster {cluster.name} is ready: " + _reasons(nodes, health),
+            remediation="see the cluster's node health results; the create retries and "
+            "proceeds once a check finds a node ready",
+            op="create",
+        )
+    if len(ready) == 1:
+        return ready[0]
+    return _most_free_memory(cluster, ready, health)
+
+
+def assert_node_ready(cluster: Cluster, node: str) -> None:
+    """Refuse (for now) a node that fresh health results say is not ready; unknown is fine."""
+    view = _node_health(cluster).get(node)
+    if view is not None and not view.ready:
+        raise TransientError(
+            f"node {node} of cluster {cluster.name} is not ready ({view.reason})",
+            remediation="the create waits until a health check finds the node ready; pick "
+            "another zone to place it elsewhere",
+            op="create",
+        )
+
+
+def _node_health(cluster: Cluster) -> dict[str, NodeHealthView]:
+    with _sources_lock:
+        sources = list(_sources)
+    merged: dict[str, NodeHealthView] = {}
+    for source in sources:
+        merged.update(source(cluster))
+    return merged
+
+
+def _present(cluster: Cluster, nodes: list[str]) -> Q:
+    return Q(cluster=cluster, desired_state=DesiredState.PRESENT, node__in=nodes)
+
+
+def _fewest_proxies(cluster: Cluster, nodes: list[str]) -> str:
+    counts = _counts(cluster, nodes)
+    return min(nodes, key=lambda n: (counts.get(n, 0), nodes.index(n)))
+
+
+def _counts(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
+    return dict(
+        Proxy.objects.filter(_present(cluster, nodes))
         .values_list("node")
         .annotate(n=Count("pk"))
         .values_list("node", "n")
     )
-    return min(nodes, key=lambda n: (counts.get(n, 0), nodes.index(n)))
+
+
+def _most_free_memory(
+    cluster: Cluster,
+    ready: list[str],
+    health: Mapping[str, NodeHealthView],
+) -> str:
+    """The ready node with the most memory left once our unseen VMs are counted in.
+
+    A VM our check could not have seen (not observed as created before the node's check)
+    will take its machine type's memory there; without that, every create between two checks
+    would pile onto the same node. Nodes whose check did not read the memory come last, then
+    fewer proxies, then config order.
+    """
+    memory_mib = {
+        key: mib
+        for key, mib in MachineType.objects.filter(cluster=cluster).values_list("key", "memory_mib")
+    }
+    oldest_check = min(health[node].checked_at for node in ready)
+    reserved = dict.fromkeys(ready, 0)
+    unseen = (
+        Proxy.objects.filter(_present(cluster, ready))
+        .filter(Q(vm_created_at__isnull=True) | Q(vm_created_at__gt=oldest_check))
+        .values_list("node", "machine_type", "vm_created_at")
+    )
+    for node, machine_type, created in unseen:
+        if created is None or created > health[node].checked_at:
+            reserved[node] += memory_mib.get(machine_type, 0) * MIB
+    counts = _counts(cluster, ready)
+
+    def rank(node: str) -> tuple[bool, int, int, int]:
+        free = health[node].mem_free_bytes
+        left = (free - reserved[node]) if free is not None else 0
+        return (free is None, -left, counts.get(node, 0), ready.index(node))
+
+    return min(ready, key=rank)
+
+
+def _reasons(nodes: list[str], health: Mapping[str, NodeHealthView]) -> str:
+    parts = [
+        f"{node} {health[node].reason}" if node in health else f"{node} not checked yet"
+        for node in nodes
+    ]
+    return ", ".join(parts)

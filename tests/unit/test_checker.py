@@ -277,6 +277,7 @@ def test_a_reachable_node_reports_every_detail(engine: Engine, token_file: Path)
         "isoStorage",
         "isoStorageAvailGiB",
         "templates",
+        "memFreeBytes",
     }
     assert result.details["kernel"].endswith("-pve")
     storage = engine.cluster.nodes["pve1"].storages["proxy-seeds"]
