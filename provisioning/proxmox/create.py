@@ -26,29 +26,25 @@ config is compared before it is written, the resize is skipped once large enough
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .api import Api
-from .budgets import Budgets
 from .config import ProxmoxConfig, resolve_machine_type, resolve_template, resolve_zone
-from .deadline import Cancelled, Deadline, DeadlineExceeded
+from .deadline import Deadline
 from .disks import boot_disk, cloudinit_drive, disk_size_bytes, gib
-from .errors import ApiError, PermanentError, ProxmoxError, TransientError
+from .errors import ApiError, PermanentError, TransientError
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import TAG, render_mark
 from .netcfg import rewrite_net0
 from .ownership import Ownership, is_missing, judge, judge_config
 from .seed import build_seed_iso, seed_iso_name, seed_volid
-from .steps import Progress, StepResult, advance, fail, permanent, poll_task, submit_once
+from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
 OP = "create"
-FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 
 
 @dataclass(frozen=True)
@@ -72,59 +68,29 @@ def new_progress() -> Progress:
     return {"v": 1, "stage": "lookup", "vmid": None, "node": None, "upid": None, "since": None}
 
 
-class CreateMachine:
+class CreateMachine(StepMachine[CreateRequest]):
     """Runs one stage of a create per call. Stateless: everything lives in the record."""
 
-    def __init__(
-        self,
-        api: Api,
-        config: ProxmoxConfig,
-        budgets: Budgets,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.api = api
-        self.config = config
-        self.budgets = budgets
-        self.clock = clock
+    op = OP
+    first_stage = "lookup"
 
-    def step(
-        self, req: CreateRequest, progress: Progress, *, deadline: Deadline | None = None
-    ) -> StepResult:
-        stage = progress.get("stage", "lookup")
-        handler = getattr(self, f"_{stage}", None)
-        if handler is None:
-            return permanent(
-                progress,
-                stage,
-                f"unknown create stage {stage!r} in the progress record",
-                "the record was written by another proxyhub version; retry the operation",
-                OP,
-            )
-        try:
-            result: StepResult = handler(req, progress, deadline)
-            result.step = stage  # the journal names the stage that ran, whoever built the result
-        except PermanentError as err:
-            return StepResult("error", progress, stage, error=err)
-        except ApiError as err:
-            if is_missing(err) and stage not in ("lookup", "clone"):
-                # The VM vanished between steps: start over from the lookup (entry 10:
-                # "does not exist" inside create is transient, never not-found).
-                return fail(advance(progress, "lookup"), stage, err, op=OP)
-            return fail(progress, stage, err, op=OP)
-        except FAILURES as err:
-            return fail(progress, stage, err, op=OP)
-        if result.status == "done":
-            log.info(
-                "proxmox vm ensured running",
-                extra={
-                    "vmid": progress.get("vmid"),
-                    "vm_name": req.vm_name,
-                    "node": progress.get("node"),
-                    "cloudInitBytes": len(req.cloud_init),
-                },
-            )
-        return result
+    def on_api_error(self, progress: Progress, stage: str, err: ApiError) -> StepResult:
+        if is_missing(err) and stage not in ("lookup", "clone"):
+            # The VM vanished between steps: start over from the lookup (entry 10:
+            # "does not exist" inside create is transient, never not-found).
+            return fail(advance(progress, "lookup"), stage, err, op=OP)
+        return fail(progress, stage, err, op=OP)
+
+    def on_done(self, req: CreateRequest, progress: Progress, result: StepResult) -> None:
+        log.info(
+            "proxmox vm ensured running",
+            extra={
+                "vmid": progress.get("vmid"),
+                "vm_name": req.vm_name,
+                "node": progress.get("node"),
+                "cloudInitBytes": len(req.cloud_init),
+            },
+        )
 
     # --- lookup and allocation (entries 2, 3, 4) -----------------------------------------
 
@@ -375,7 +341,7 @@ class CreateMachine:
             # Proxmox removed the half-made VM; the next attempt starts over.
             return fail(advance(progress, "lookup"), "clone_wait", err, op=OP)
 
-        return self._poll(progress, "clone_wait", self.budgets.clone, "upload", deadline, failed)
+        return self.poll(progress, "clone_wait", self.budgets.clone, "upload", deadline, failed)
 
     # --- seed, config, resize (entries 5, 6, 7) ------------------------------------------
 
@@ -410,7 +376,7 @@ class CreateMachine:
     def _upload_wait(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        return self._poll(progress, "upload_wait", self.budgets.upload, "configure", deadline)
+        return self.poll(progress, "upload_wait", self.budgets.upload, "configure", deadline)
 
     def _configure(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
@@ -460,7 +426,7 @@ class CreateMachine:
                 "resize",
                 message="disk already large enough",
             )
-        return self._submit(
+        return self.submit_task(
             progress,
             "resize",
             "resize_wait",
@@ -475,7 +441,7 @@ class CreateMachine:
     def _resize_wait(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        return self._poll(progress, "resize_wait", self.budgets.resize, "start", deadline)
+        return self.poll(progress, "resize_wait", self.budgets.resize, "start", deadline)
 
     # --- start and running (entry 10 steps 8 and 9) ----------------------------------------
 
@@ -488,7 +454,7 @@ class CreateMachine:
             return StepResult(
                 "continue", advance(progress, "running"), "start", message="already running"
             )
-        return self._submit(
+        return self.submit_task(
             progress,
             "start",
             "start_wait",
@@ -515,7 +481,7 @@ class CreateMachine:
                 )
             return fail(advance(progress, "start"), "start_wait", err, op=OP)
 
-        return self._poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
+        return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
     def _running(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
@@ -545,55 +511,6 @@ class CreateMachine:
             )
         return StepResult(
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
-        )
-
-    # --- helpers ----------------------------------------------------------------------
-
-    def _submit(
-        self,
-        progress: Progress,
-        step: str,
-        next_stage: str,
-        task_type: str,
-        submit: Callable[[], str],
-        message: str,
-        deadline: Deadline | None,
-    ) -> StepResult:
-        return submit_once(
-            self.api,
-            progress,
-            step=step,
-            next_stage=next_stage,
-            node=str(progress["node"]),
-            vmid=int(progress["vmid"]),
-            task_type=task_type,
-            submit=submit,
-            message=message,
-            poll_interval=self.budgets.poll_interval,
-            clock=self.clock,
-            deadline=deadline,
-        )
-
-    def _poll(
-        self,
-        progress: Progress,
-        step: str,
-        budget: float,
-        next_stage: str,
-        deadline: Deadline | None,
-        on_failure: Callable[[Exception], StepResult] | None = None,
-    ) -> StepResult:
-        return poll_task(
-            self.api,
-            progress,
-            step=step,
-            op=OP,
-            budget=budget,
-            poll_interval=self.budgets.poll_interval,
-            next_stage=next_stage,
-            clock=self.clock,
-            deadline=deadline,
-            on_failure=on_failure,
         )
 
 

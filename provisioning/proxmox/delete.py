@@ -13,26 +13,21 @@ A VM that is not ours is left alone and only our seed ISO is removed.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .api import Api
-from .budgets import Budgets
-from .config import ProxmoxConfig
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, PermanentError, ProxmoxError, TaskFailed, TransientError
 from .ids import parse_provider_id
 from .marks import parse_mark
 from .ownership import is_missing
 from .seed import seed_iso_name, seed_volid
-from .steps import Progress, StepResult, advance, fail, permanent, poll_task, submit_once
+from .steps import Progress, StepMachine, StepResult, advance, fail
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
 OP = "delete"
-FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 
 
 @dataclass(frozen=True)
@@ -56,53 +51,22 @@ def new_progress() -> Progress:
     return {"v": 1, "stage": "inspect", "upid": None, "since": None, "destroyed": False}
 
 
-class DeleteMachine:
+class DeleteMachine(StepMachine[DeleteRequest]):
     """Runs one stage of a delete per call. Stateless: everything lives in the record."""
 
-    def __init__(
-        self,
-        api: Api,
-        config: ProxmoxConfig,
-        budgets: Budgets,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.api = api
-        self.config = config
-        self.budgets = budgets
-        self.clock = clock
+    op = OP
+    first_stage = "inspect"
 
-    def step(
-        self, req: DeleteRequest, progress: Progress, *, deadline: Deadline | None = None
-    ) -> StepResult:
-        stage = progress.get("stage", "inspect")
-        handler = getattr(self, f"_{stage}", None)
-        if handler is None:
-            return permanent(
-                progress,
-                stage,
-                f"unknown delete stage {stage!r} in the progress record",
-                "the record was written by another proxyhub version; retry the operation",
-                OP,
-            )
-        try:
-            result: StepResult = handler(req, progress, deadline)
-            result.step = stage  # the journal names the stage that ran, whoever built the result
-        except PermanentError as err:
-            return StepResult("error", progress, stage, error=err)
-        except FAILURES as err:
-            return fail(progress, stage, err, op=OP)
-        if result.status == "done":
-            log.info(
-                "proxmox vm deleted",
-                extra={
-                    "vmid": progress.get("vmid") or req.vmid,
-                    "vm_name": req.vm_name,
-                    "node": progress.get("node"),
-                    "destroyed": bool(progress.get("destroyed")),
-                },
-            )
-        return result
+    def on_done(self, req: DeleteRequest, progress: Progress, result: StepResult) -> None:
+        log.info(
+            "proxmox vm deleted",
+            extra={
+                "vmid": progress.get("vmid") or req.vmid,
+                "vm_name": req.vm_name,
+                "node": progress.get("node"),
+                "destroyed": bool(progress.get("destroyed")),
+            },
+        )
 
     # --- inspect ----------------------------------------------------------------------
 
@@ -198,7 +162,7 @@ class DeleteMachine:
                 "continue", advance(progress, "destroy"), "stop", message="already stopped"
             )
         # Stop (not shutdown): it works on a paused VM too, which the listing shows as running.
-        return self._submit(
+        return self.submit_task(
             progress,
             "stop",
             "stop_wait",
@@ -211,7 +175,7 @@ class DeleteMachine:
     def _stop_wait(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        return self._poll(
+        return self.poll(
             progress,
             "stop_wait",
             self.budgets.stop,
@@ -235,7 +199,7 @@ class DeleteMachine:
                 message="running again; stopping first",
             )
         try:
-            return self._submit(
+            return self.submit_task(
                 progress,
                 "destroy",
                 "destroy_wait",
@@ -261,9 +225,7 @@ class DeleteMachine:
                 return self._seeds_on(progress, "destroy_wait", [node], "VM already gone")
             return fail(advance(progress, "destroy"), "destroy_wait", err, op=OP)
 
-        result = self._poll(
-            progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed
-        )
+        result = self.poll(progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed)
         if result.status == "continue" and result.progress["stage"] == "seed":
             result.progress.update(destroyed=True, seed_nodes=[node], seed_everywhere=False)
         return result
@@ -301,7 +263,7 @@ class DeleteMachine:
         nodes = list(progress.get("seed_nodes") or [])
         node = nodes[0] if nodes else ""
         try:
-            result = self._poll(
+            result = self.poll(
                 progress,
                 "seed_wait",
                 self.budgets.seed_delete,
@@ -367,31 +329,6 @@ class DeleteMachine:
             message=message,
         )
 
-    def _submit(
-        self,
-        progress: Progress,
-        step: str,
-        next_stage: str,
-        task_type: str,
-        submit: Callable[[], str],
-        message: str,
-        deadline: Deadline | None,
-    ) -> StepResult:
-        return submit_once(
-            self.api,
-            progress,
-            step=step,
-            next_stage=next_stage,
-            node=str(progress["node"]),
-            vmid=int(progress["vmid"]),
-            task_type=task_type,
-            submit=submit,
-            message=message,
-            poll_interval=self.budgets.poll_interval,
-            clock=self.clock,
-            deadline=deadline,
-        )
-
     def _submitted(
         self, progress: Progress, step: str, next_stage: str, upid: str, message: str
     ) -> StepResult:
@@ -403,28 +340,6 @@ class DeleteMachine:
             upid=upid,
             submitted=True,
             message=message,
-        )
-
-    def _poll(
-        self,
-        progress: Progress,
-        step: str,
-        budget: float,
-        next_stage: str,
-        deadline: Deadline | None,
-        on_failure: Callable[[TaskFailed], StepResult],
-    ) -> StepResult:
-        return poll_task(
-            self.api,
-            progress,
-            step=step,
-            op=OP,
-            budget=budget,
-            poll_interval=self.budgets.poll_interval,
-            next_stage=next_stage,
-            clock=self.clock,
-            deadline=deadline,
-            on_failure=on_failure,
         )
 
 

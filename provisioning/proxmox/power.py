@@ -26,26 +26,22 @@ The caller persists every ``StepResult.progress``; the inspect stage only ever r
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from .api import Api
-from .budgets import Budgets
-from .config import ProxmoxConfig
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import NotFoundError, PermanentError, ProxmoxError, TaskFailed, TransientError
 from .errors import classify as classify_error
 from .ids import parse_provider_id
 from .marks import parse_mark
-from .steps import Progress, StepResult, advance, fail, permanent, poll_task, submit_once
+from .steps import Progress, StepMachine, StepResult, advance, fail, submit_once
 from .tasks import parse_upid
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
 OP = "power"
-FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 
 Action = Literal["start", "shutdown", "reboot"]
 ACTIONS: tuple[Action, ...] = ("start", "shutdown", "reboot")
@@ -316,64 +312,35 @@ def _truthy(value: object) -> bool:
     return value not in (None, "", 0, "0")
 
 
-class PowerMachine:
+class PowerMachine(StepMachine[PowerRequest]):
     """Runs one stage of a power action per call. Stateless: everything lives in the record."""
 
-    def __init__(
-        self,
-        api: Api,
-        config: ProxmoxConfig,
-        budgets: Budgets,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.api = api
-        self.config = config
-        self.budgets = budgets
-        self.clock = clock
+    op = OP
+    first_stage = "inspect"
 
-    def step(
-        self, req: PowerRequest, progress: Progress, *, deadline: Deadline | None = None
-    ) -> StepResult:
-        stage = progress.get("stage", "inspect")
-        handler = getattr(self, f"_{stage}", None)
-        if handler is None:
-            return permanent(
-                progress,
-                stage,
-                f"unknown power stage {stage!r} in the progress record",
-                "the record was written by another proxyhub version; retry the operation",
-                OP,
-            )
-        try:
-            result: StepResult = handler(req, progress, deadline)
-            result.step = stage  # the journal names the stage that ran, whoever built the result
-        except PermanentError as err:
-            log.info(
-                "proxmox power refused",
-                extra={
-                    "vmid": req.vmid,
-                    "vm_name": req.vm_name,
-                    "action": req.action,
-                    "reason": err.message,
-                },
-            )
-            return StepResult("error", progress, stage, error=err)
-        except FAILURES as err:
-            return fail(progress, stage, err, op=OP)
-        if result.status == "done":
-            log.info(
-                "proxmox vm powered",
-                extra={
-                    "vmid": req.vmid,
-                    "vm_name": req.vm_name,
-                    "node": result.details.get("node"),
-                    "action": req.action,
-                    "noop": result.details.get("noop"),
-                    "upid": result.details.get("upid"),
-                },
-            )
-        return result
+    def on_refused(self, req: PowerRequest, err: PermanentError) -> None:
+        log.info(
+            "proxmox power refused",
+            extra={
+                "vmid": req.vmid,
+                "vm_name": req.vm_name,
+                "action": req.action,
+                "reason": err.message,
+            },
+        )
+
+    def on_done(self, req: PowerRequest, progress: Progress, result: StepResult) -> None:
+        log.info(
+            "proxmox vm powered",
+            extra={
+                "vmid": req.vmid,
+                "vm_name": req.vm_name,
+                "node": result.details.get("node"),
+                "action": req.action,
+                "noop": result.details.get("noop"),
+                "upid": result.details.get("upid"),
+            },
+        )
 
     # --- inspect: the intent ------------------------------------------------------------
 
@@ -522,18 +489,7 @@ class PowerMachine:
                 return StepResult("error", retry, "wait", upid=err.upid, error=error)
             return fail(retry, "wait", err, op=OP)
 
-        return poll_task(
-            self.api,
-            progress,
-            step="wait",
-            op=OP,
-            budget=budget,
-            poll_interval=self.budgets.poll_interval,
-            next_stage="settle",
-            clock=self.clock,
-            deadline=deadline,
-            on_failure=failed,
-        )
+        return self.poll(progress, "wait", budget, "settle", deadline, failed)
 
     def _settle(
         self, req: PowerRequest, progress: Progress, deadline: Deadline | None

@@ -15,15 +15,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from .api import Api
-from .deadline import Deadline
-from .errors import ClassifiedError, PermanentError, TaskFailed, TransientError, classify
+from .budgets import Budgets
+from .config import ProxmoxConfig
+from .deadline import Cancelled, Deadline, DeadlineExceeded
+from .errors import (
+    ApiError,
+    ClassifiedError,
+    PermanentError,
+    ProxmoxError,
+    TaskFailed,
+    TransientError,
+    classify,
+)
 from .tasks import read_task
 
 Status = Literal["continue", "wait", "done", "error"]
 Progress = dict[str, Any]
+Req = TypeVar("Req")
+# What a stage may raise besides a classified error: Proxmox's and the deadline's failures.
+FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 
 
 @dataclass
@@ -170,3 +183,111 @@ def submit_once(
         submitted=submitted,
         message=message,
     )
+
+
+class StepMachine(Generic[Req]):
+    """What every step machine shares: dispatch of the record's stage to the method
+    ``_<stage>``, failure classification, and the two ways a stage touches a task (submit
+    once, poll). Subclasses set ``op`` and ``first_stage`` and may override the hooks."""
+
+    op = ""
+    first_stage = ""
+
+    def __init__(
+        self,
+        api: Api,
+        config: ProxmoxConfig,
+        budgets: Budgets,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.budgets = budgets
+        self.clock = clock
+
+    def step(self, req: Req, progress: Progress, *, deadline: Deadline | None = None) -> StepResult:
+        stage = progress.get("stage", self.first_stage)
+        handler = getattr(self, f"_{stage}", None)
+        if handler is None:
+            return permanent(
+                progress,
+                stage,
+                f"unknown {self.op} stage {stage!r} in the progress record",
+                "the record was written by another proxyhub version; retry the operation",
+                self.op,
+            )
+        try:
+            result: StepResult = handler(req, progress, deadline)
+            result.step = stage  # the journal names the stage that ran, whoever built the result
+        except PermanentError as err:
+            self.on_refused(req, err)
+            return StepResult("error", progress, stage, error=err)
+        except ApiError as err:
+            return self.on_api_error(progress, stage, err)
+        except FAILURES as err:
+            return fail(progress, stage, err, op=self.op)
+        if result.status == "done":
+            self.on_done(req, progress, result)
+        return result
+
+    # --- hooks --------------------------------------------------------------------------
+
+    def on_refused(self, req: Req, err: PermanentError) -> None:
+        """A stage raised a permanent error (logged by subclasses that want it)."""
+
+    def on_api_error(self, progress: Progress, stage: str, err: ApiError) -> StepResult:
+        return fail(progress, stage, err, op=self.op)
+
+    def on_done(self, req: Req, progress: Progress, result: StepResult) -> None:
+        """The machine finished (subclasses log their one outcome line here)."""
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    def poll(
+        self,
+        progress: Progress,
+        step: str,
+        budget: float,
+        next_stage: str,
+        deadline: Deadline | None,
+        on_failure: Callable[[TaskFailed], StepResult] | None = None,
+    ) -> StepResult:
+        return poll_task(
+            self.api,
+            progress,
+            step=step,
+            op=self.op,
+            budget=budget,
+            poll_interval=self.budgets.poll_interval,
+            next_stage=next_stage,
+            clock=self.clock,
+            deadline=deadline,
+            on_failure=on_failure,
+        )
+
+    def submit_task(
+        self,
+        progress: Progress,
+        step: str,
+        next_stage: str,
+        task_type: str,
+        submit: Callable[[], str],
+        message: str,
+        deadline: Deadline | None,
+    ) -> StepResult:
+        """``submit_once`` for the VM the record names."""
+        return submit_once(
+            self.api,
+            progress,
+            step=step,
+            next_stage=next_stage,
+            node=str(progress["node"]),
+            vmid=int(progress["vmid"]),
+            task_type=task_type,
+            submit=submit,
+            message=message,
+            poll_interval=self.budgets.poll_interval,
+            clock=self.clock,
+            deadline=deadline,
+        )
