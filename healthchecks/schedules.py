@@ -8,44 +8,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
+from provisioning.schedules import Schedule
+from provisioning.schedules import ensure_schedules as _ensure
 
 CHECK_TASK = "proxyhub.health.check_round"
 PRUNE_TASK = "proxyhub.health.prune"
+QUEUE = "health"
 
-# name -> (task, setting holding the interval, default seconds)
-SCHEDULES: dict[str, tuple[str, str, int]] = {
-    "proxyhub: node health checks": (CHECK_TASK, "PROXYHUB_HEALTH_INTERVAL_SECONDS", 60),
+# name -> (task, setting holding the interval, default seconds, queue)
+SCHEDULES: dict[str, Schedule] = {
+    "proxyhub: node health checks": (
+        CHECK_TASK,
+        "PROXYHUB_HEALTH_INTERVAL_SECONDS",
+        60,
+        QUEUE,
+    ),
     "proxyhub: node health pruning": (
         PRUNE_TASK,
         "PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS",
         3600,
+        QUEUE,
     ),
 }
-QUEUE = "health"
 
 
 def ensure_schedules(periodic_task: Any = None, interval_schedule: Any = None) -> list[str]:
-    """Create or update the health schedules by name; returns their names.
-
-    The model classes are passed in by the data migration (historical models); at run time
-    they default to django_celery_beat's own.
-    """
-    if periodic_task is None or interval_schedule is None:
-        from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
-        periodic_task, interval_schedule = PeriodicTask, IntervalSchedule
-    for name, (task, setting, default) in SCHEDULES.items():
-        seconds = int(getattr(settings, setting, default))
-        every, _ = interval_schedule.objects.get_or_create(every=seconds, period="seconds")
-        periodic_task.objects.update_or_create(
-            name=name,
-            defaults={
-                "task": task,
-                "interval": every,
-                "queue": QUEUE,
-                "expire_seconds": seconds,
-                "enabled": True,
-            },
-        )
-    return list(SCHEDULES)
+    """Create or update the health schedules by name (``provisioning.schedules`` does the work)."""
+    return _ensure(periodic_task, interval_schedule, schedules=SCHEDULES)

@@ -7,6 +7,7 @@ after one interval, so a backlog never piles up runs of the same job.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -34,17 +35,25 @@ SCHEDULES: dict[str, tuple[str, str, int, str]] = {
 }
 
 
-def ensure_schedules(periodic_task: Any = None, interval_schedule: Any = None) -> list[str]:
-    """Create or update every schedule by name; returns their names.
+Schedule = tuple[str, str, int, str]
 
-    The model classes are passed in by the data migration (historical models); at run time
-    they default to django_celery_beat's own.
+
+def ensure_schedules(
+    periodic_task: Any = None,
+    interval_schedule: Any = None,
+    *,
+    schedules: Mapping[str, Schedule] = SCHEDULES,
+) -> list[str]:
+    """Create or update every schedule of ``schedules`` by name; returns their names.
+
+    The model classes are passed in by data migrations (historical models); at run time they
+    default to django_celery_beat's own. Other apps (healthchecks) pass their own table.
     """
     if periodic_task is None or interval_schedule is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
         periodic_task, interval_schedule = PeriodicTask, IntervalSchedule
-    for name, (task, setting, default, queue) in SCHEDULES.items():
+    for name, (task, setting, default, queue) in schedules.items():
         seconds = int(getattr(settings, setting, default))
         every, _ = interval_schedule.objects.get_or_create(every=seconds, period="seconds")
         periodic_task.objects.update_or_create(
@@ -57,4 +66,4 @@ def ensure_schedules(periodic_task: Any = None, interval_schedule: Any = None) -
                 "enabled": True,
             },
         )
-    return list(SCHEDULES)
+    return list(schedules)

@@ -91,49 +91,24 @@ class Cluster(models.Model):
 
     def proxmox_config(self, installation_id: str) -> ProxmoxConfig:
         """The provider's view of this cluster, children included (one query each)."""
-        return ProxmoxConfig(
-            name=self.name,
-            url=self.url,
-            token_file=self.token_file,
-            ca_file=self.ca_file or None,
-            insecure_skip_tls_verify=self.insecure_skip_tls_verify,
+        return self._config(
+            installation_id=installation_id,
             nodes=tuple(self.nodes.order_by("position", "name").values_list("name", flat=True)),
-            iso_storage=self.iso_storage,
-            storage=self.storage or None,
-            bridge=self.bridge or None,
-            vlan_tag=self.vlan_tag,
-            vmid_min=self.vmid_min,
-            vmid_max=self.vmid_max,
             templates={t.key: TemplateRef(t.vmid) for t in self.templates.order_by("key")},
             machine_types={
                 m.key: MachineTypeSpec(m.cores, m.memory_mib, m.disk_gib)
                 for m in self.machine_types.order_by("key")
             },
-            request_timeout_seconds=self.request_timeout_seconds,
-            vendor_data=self.vendor_data or None,
-            install_guest_agent=self.install_guest_agent,
-            installation_id=installation_id,
         )
 
     def clean(self) -> None:
-        """Entry 15's rules for the cluster's own fields (children are checked by their forms)."""
-        config = ProxmoxConfig(
-            name=self.name,
-            url=self.url,
-            token_file=self.token_file,
-            ca_file=self.ca_file or None,
-            insecure_skip_tls_verify=self.insecure_skip_tls_verify,
+        """Entry 15's rules for the cluster's own fields (children are checked by their forms,
+        so stand-ins fill their places here)."""
+        config = self._config(
+            installation_id="x",
             nodes=("placeholder",),
-            iso_storage=self.iso_storage,
-            storage=self.storage or None,
-            bridge=self.bridge or None,
-            vlan_tag=self.vlan_tag,
-            vmid_min=self.vmid_min,
-            vmid_max=self.vmid_max,
             templates={"placeholder": TemplateRef(100)},
             machine_types={"placeholder": MachineTypeSpec(1, 16)},
-            request_timeout_seconds=self.request_timeout_seconds,
-            installation_id="x",
         )
         errors: dict[str, list[str]] = {}
         for problem in config.problems():
@@ -141,6 +116,35 @@ class Cluster(models.Model):
             errors.setdefault(field, []).append(problem.message)
         if errors:
             raise ValidationError(errors)
+
+    def _config(
+        self,
+        *,
+        installation_id: str,
+        nodes: tuple[str, ...],
+        templates: dict[str, TemplateRef],
+        machine_types: dict[str, MachineTypeSpec],
+    ) -> ProxmoxConfig:
+        return ProxmoxConfig(
+            name=self.name,
+            url=self.url,
+            token_file=self.token_file,
+            ca_file=self.ca_file or None,
+            insecure_skip_tls_verify=self.insecure_skip_tls_verify,
+            nodes=nodes,
+            iso_storage=self.iso_storage,
+            storage=self.storage or None,
+            bridge=self.bridge or None,
+            vlan_tag=self.vlan_tag,
+            vmid_min=self.vmid_min,
+            vmid_max=self.vmid_max,
+            templates=templates,
+            machine_types=machine_types,
+            request_timeout_seconds=self.request_timeout_seconds,
+            vendor_data=self.vendor_data or None,
+            install_guest_agent=self.install_guest_agent,
+            installation_id=installation_id,
+        )
 
 
 class Node(models.Model):
