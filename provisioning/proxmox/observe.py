@@ -72,11 +72,20 @@ def get(
     provider_id: str,
     *,
     listing: Sequence[Mapping[str, Any]] | None = None,
+    node: str | None = None,
     deadline: Deadline | None = None,
 ) -> Instance:
-    """Entry 9, in its order; the first matching row decides."""
+    """Entry 9, in its order; the first matching row decides.
+
+    ``node``: the VM's node when the caller knows it (a VM it just started). The listing is
+    then skipped, which on a big cluster is most of the cost of polling one VM's boot; a VM
+    that moved or vanished answers "does not exist" on that node (not found), and a node that
+    does not answer fails the config read (transient), as the listing rows would have said.
+    """
     pid = parse_provider_id(provider_id)
     try:
+        if listing is None and node:
+            listing = [{"vmid": pid.vmid, "node": node, "type": "qemu"}]
         if listing is None:
             listing = api.cluster_resources(deadline=deadline)
         entry = next((e for e in listing if int(e.get("vmid", -1)) == pid.vmid), None)

@@ -149,9 +149,10 @@ class Provider:
         provider_id: str,
         *,
         listing: Sequence[Mapping[str, Any]] | None = None,
+        node: str | None = None,
         deadline: Deadline | None = None,
     ) -> Instance:
-        return get(self.api, provider_id, listing=listing, deadline=deadline)
+        return get(self.api, provider_id, listing=listing, node=node, deadline=deadline)
 
     def list_managed(
         self,

@@ -219,7 +219,8 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any]) -> Out
     """Boot to address: poll ``get`` until the guest agent reports an IPv4 (entry 7)."""
     proxy = _proxy(op)
     try:
-        instance = provider.get(proxy.provider_id)
+        # The node is known (the create just started the VM there): no listing per poll.
+        instance = provider.get(proxy.provider_id, node=proxy.node or None)
     except NotFoundError:
         # The VM vanished after it started: create it again from the lookup.
         progress.pop("create", None)

@@ -182,3 +182,15 @@ def test_get_malformed_id_is_permanent(world: World, bad: str) -> None:
 
 def _when() -> datetime:
     return datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def test_get_with_a_known_node_skips_the_listing(world: World) -> None:
+    provider_id, vmid = _running(world, "hinted")
+    world.settle(30)
+    world.engine.ledger.clear()
+    hinted = world.provider.get(provider_id, node="pve1")
+    assert world.engine.ledger.count("GET", "GET /cluster/resources") == 0
+    assert hinted == world.provider.get(provider_id)
+    # A VM that is not on that node (moved or gone) reads as not found, never as ours.
+    with pytest.raises(NotFoundError):
+        world.provider.get(provider_id, node="pve2")
