@@ -4,7 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest sim clean
+.PHONY: run test lint typecheck pytest pytest-postgres integration e2e sim clean
+
+# PostgreSQL for the second run of the service tests (pytest-django creates test_<name>).
+PG_URL ?= postgres://postgres@127.0.0.1:5432/test
+FAST   := -m "not integration and not e2e"
 
 # The venv is rebuilt whenever a requirements file changes.
 $(STAMP): requirements.txt requirements-dev.txt
@@ -22,11 +26,24 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Unit, HTTP and service tests on SQLite.
 pytest: $(STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(FAST) $(PYTEST_ARGS)
+
+# The service tests again on PostgreSQL: both databases are supported deployments.
+pytest-postgres: $(STAMP)
+	DATABASE_URL=$(PG_URL) $(BIN)/pytest tests/service $(FAST) $(PYTEST_ARGS)
+
+# Real Redis broker, real celery worker processes, PostgreSQL, the HTTPS simulator.
+integration: $(STAMP)
+	$(BIN)/pytest tests/integration -m integration $(PYTEST_ARGS)
+
+# The admin in Debian's Chromium, driven by Playwright, with a real worker.
+e2e: $(STAMP)
+	$(BIN)/pytest tests/e2e -m e2e $(PYTEST_ARGS)
 
 # The whole suite: style, types, then every test tier.
-test: lint typecheck pytest
+test: lint typecheck pytest pytest-postgres integration e2e
 
 # proxyhub on this machine: migrate SQLite, start the simulator and import its catalogue,
 # create the admin user and print its login, then web, a worker and Beat until Ctrl-C
@@ -40,3 +57,11 @@ sim: $(STAMP)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+
+# Benchmarks (not part of `make test`): fleet create time against the simulator's floor, and
+# requests per create/delete of the bare provider. Needs PostgreSQL and Redis on 127.0.0.1,
+# like the integration tier. Results land in benchmarks/results/; see benchmarks/README.md.
+.PHONY: bench
+bench: $(STAMP)
+	$(BIN)/python benchmarks/provider_requests.py
+	$(BIN)/python benchmarks/fleet.py $(BENCH_ARGS)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -257,6 +258,11 @@ PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS = env.int(
 )
 # How long an operation owns its proxy's lease before another may take it over (DESIGN §6).
 PROXYHUB_LEASE_SECONDS = env.int("PROXYHUB_LEASE_SECONDS", default=300)
+# How long a delivery may hold an operation's step before another may take it (a killed worker's
+# claim expires after this); above the step task's hard time limit (180 s).
+PROXYHUB_STEP_CLAIM_SECONDS = env.int("PROXYHUB_STEP_CLAIM_SECONDS", default=240)
+# How late a step may be before the sweeper counts its message as lost and sends it again.
+PROXYHUB_SWEEPER_GRACE_SECONDS = env.int("PROXYHUB_SWEEPER_GRACE_SECONDS", default=30)
 # The longest countdown a step waits before it is re-enqueued; part of the visibility rule.
 PROXYHUB_STEP_MAX_BACKOFF_SECONDS = env.int("PROXYHUB_STEP_MAX_BACKOFF_SECONDS", default=300)
 # Optional bearer token for /metrics; empty leaves it open on the internal network.
@@ -309,6 +315,9 @@ else:
         "processed_folder": str(_ensure_dir(BROKER_DIR / "processed")),
         "control_folder": str(_ensure_dir(BROKER_DIR / "control")),
         "store_processed": False,
+        # The folder is polled; every create is a chain of eight or more step messages, so a
+        # tenth of a second instead of the default second keeps a first proxy quick.
+        "polling_interval": 0.1,
     }
 
 # Keep retrying the broker while it starts (compose starts everything at once).
@@ -375,6 +384,14 @@ if PROMETHEUS_MULTIPROC_DIR:
 # filters by PROXYHUB_LOG_LEVEL; the Proxmox API logger always emits INFO so the metrics handler
 # sees every call even when the console shows only warnings.
 _proxmox_api_level = min(logging.INFO, logging.getLevelName(PROXYHUB_LOG_LEVEL))
+# Services (gunicorn, celery, runserver) log JSON lines to stdout. A management command prints
+# its own output there (``proxies list --json``, ``gc --json``), so its logs go to stderr and the
+# output stays parseable.
+_MANAGE_COMMAND = sys.argv[1] if Path(sys.argv[0]).name == "manage.py" and len(sys.argv) > 1 else ""
+_LOG_STREAM = (
+    "ext://sys.stderr" if _MANAGE_COMMAND and _MANAGE_COMMAND != "runserver" else "ext://sys.stdout"
+)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -387,7 +404,7 @@ LOGGING = {
     "handlers": {
         "stdout": {
             "class": "logging.StreamHandler",
-            "stream": "ext://sys.stdout",
+            "stream": _LOG_STREAM,
             "formatter": "json",
             "filters": ["redact_secrets"],
             "level": PROXYHUB_LOG_LEVEL,

@@ -301,6 +301,16 @@ class CreateMachine(StepMachine[CreateRequest]):
         description = render_mark(
             req.uid, _parse_rfc3339(progress["created_at"]), self.config.installation_id
         )
+        if self._taken(vmid, deadline):
+            # Taken since the listing, maybe by our own clone whose reply was lost: Proxmox's
+            # own refusal only sees the template's node, and a clone that already moved to
+            # another node would be accepted twice. The ownership check decides (entry 2).
+            return StepResult(
+                "continue",
+                advance(progress, "lookup"),
+                "clone",
+                message=f"VMID {vmid} is taken; checking whose it is",
+            )
         try:
             upid = self.api.clone(
                 template_node,
@@ -333,6 +343,16 @@ class CreateMachine(StepMachine[CreateRequest]):
             submitted=True,
             message=f"cloning template {progress['template_vmid']} to VM {vmid}",
         )
+
+    def _taken(self, vmid: int, deadline: Deadline | None) -> bool:
+        """Whether ``vmid`` is in use anywhere in the cluster (``/cluster/nextid?vmid=``)."""
+        try:
+            self.api.cluster_nextid(vmid=vmid, deadline=deadline)
+        except ApiError as err:
+            if err.status == 400 and "already exists" in " ".join(err.errors.values()):
+                return True
+            raise
+        return False
 
     def _clone_wait(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None

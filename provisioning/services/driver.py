@@ -310,6 +310,8 @@ def _run_replace(op: Operation, provider: Provider, progress: dict[str, Any]) ->
 def _run_power(op: Operation, provider: Provider, progress: dict[str, Any]) -> Outcome:
     from provisioning.proxmox.power import PowerRequest
 
+    if progress.get("stage") == "address":
+        return _address(op, provider, progress)
     proxy = _proxy(op)
     req = PowerRequest.from_provider_id(str(op.kind), proxy.provider_id, str(proxy.uid))
     result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
@@ -317,13 +319,17 @@ def _run_power(op: Operation, provider: Provider, progress: dict[str, Any]) -> O
     observed: dict[str, Any] = {}
     if op.kind == OperationKind.SHUTDOWN:
         observed["phase"] = Phase.STOPPING
-    if result.status == "done":
-        try:
-            observed = _observed(provider.get(proxy.provider_id))
-        except ClassifiedError:
-            observed = {"phase": Phase.STOPPED} if op.kind == OperationKind.SHUTDOWN else {}
-    return Outcome(result, progress, observed, finished=result.status == "done")
+    if result.status != "done":
+        return Outcome(result, progress, observed)
+    if op.kind == OperationKind.SHUTDOWN:
+        return Outcome(result, progress, {"phase": Phase.STOPPED, "ip": None}, finished=True)
+    # Started or rebooted: follow the boot to its address, as a create does.
+    progress.update(stage="address", address_since=time.time())
+    result = StepResult("continue", result.progress, result.step, message=result.message)
+    return Outcome(result, progress, {"phase": Phase.PROVISIONING})
 
+
+_POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
 
 _RUNNERS: dict[OperationKind, Callable[[Operation, Provider, dict[str, Any]], Outcome]] = {
     OperationKind.CREATE: _run_create,
@@ -370,6 +376,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, seconds: float) -> Non
     token = ""
     delay = 0.0
     with transaction.atomic():
+        if op.proxy_id is not None:
+            # Lock order: the proxy row first, then its operations, as the intent services
+            # do (proxy_request_delete and friends); the other order deadlocks on PostgreSQL.
+            list(Proxy.objects.select_for_update().filter(pk=op.proxy_id).values_list("pk"))
         still_ours = Operation.objects.filter(
             pk=op.pk, claim_token=claim, state__in=ACTIVE_STATES
         ).exists()
@@ -391,7 +401,12 @@ def _persist(op: Operation, claim: str, outcome: Outcome, seconds: float) -> Non
             updates.update(last_error=str(error), error_class=_error_class(error))
             if error.kind == "permanent":
                 updates.update(state=OperationState.FAILED, finished_at=now, next_step_at=None)
-                if op.proxy_id:
+                if op.proxy_id and op.kind in _POWER_KINDS:
+                    # A refused power action leaves the VM as it was: report, do not latch.
+                    proxy_updates.update(
+                        last_error=str(error), last_error_class=ErrorClass.PERMANENT
+                    )
+                elif op.proxy_id:
                     proxy_updates.update(
                         phase=Phase.FAILED,
                         last_error=str(error),

@@ -77,6 +77,13 @@ def validate_placement(cluster: Cluster, *, zone: str, machine_type: str, image:
         raise ValidationError(errors)
 
 
+def numbered_names(prefix: str, count: int) -> list[str]:
+    """``prefix-1`` .. ``prefix-N`` zero padded to N's width (``web-01`` .. ``web-12``): how
+    bulk creates name proxies, from the command line and the admin alike."""
+    width = len(str(count))
+    return [f"{prefix}-{i:0{width}d}" for i in range(1, count + 1)]
+
+
 def proxy_create(
     *,
     spec: ProxySpec,

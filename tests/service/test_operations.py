@@ -240,3 +240,30 @@ def test_steps_are_rows_per_stage_with_durations(pump: Pump, sim: Sim) -> None:
     op = _create(pump, sim)
     for step in OperationStep.objects.filter(operation=op):
         assert step.finished_at is not None and step.duration is not None and step.duration >= 0
+
+
+def test_shutdown_stays_stopped_and_start_follows_the_boot(pump: Pump, sim: Sim) -> None:
+    from provisioning.services.reconcile import reconcile_round
+
+    _create(pump, sim)
+    proxy = Proxy.objects.get()
+    shutdown = pump.call(operations.proxy_power, proxy=proxy, action="shutdown")
+    pump.run()
+    shutdown.refresh_from_db()
+    proxy.refresh_from_db()
+    assert shutdown.state == OperationState.SUCCEEDED
+    assert (proxy.phase, proxy.desired_power, proxy.ip) == (Phase.STOPPED, "off", None)
+    assert sim.api.vm_status(proxy.node, proxy.vmid)["status"] == "stopped"
+    # A deliberately stopped proxy stays stopped: reconcile starts nothing.
+    sim.engine.ledger.clear()
+    pump.call(reconcile_round)
+    pump.run()
+    assert sim.engine.ledger.mutations() == []
+
+    start = pump.call(operations.proxy_power, proxy=proxy, action="start")
+    pump.run()
+    start.refresh_from_db()
+    proxy.refresh_from_db()
+    assert start.state == OperationState.SUCCEEDED
+    assert proxy.phase == Phase.RUNNING and proxy.ip
+    assert [s.name for s in start.steps.all()][-1] == "address"

@@ -24,6 +24,7 @@ from provisioning.models.choices import Phase, RequestedVia
 from provisioning.services.catalogue import read_text, yaml_load_strict
 from provisioning.services.operations import (
     ProxySpec,
+    numbered_names,
     proxies_create,
     proxy_power,
     proxy_request_delete,
@@ -347,8 +348,7 @@ def _numbered(prefix: str | None, count: int) -> list[str]:
         raise CommandError("--count needs --prefix P (the proxies are named P-1 .. P-N)")
     if not 1 <= count <= COUNT_MAX:
         raise CommandError(f"--count must be from 1 to {COUNT_MAX}, got {count}")
-    width = len(str(count))
-    return [f"{prefix}-{i:0{width}d}" for i in range(1, count + 1)]
+    return numbered_names(prefix, count)
 
 
 def _name_problem(name: object) -> str | None:

@@ -177,8 +177,13 @@ def test_create_clone_already_exists_race_runs_ownership_check(world: World) -> 
     done = world.drive(lambda p: world.provider.create_step(req, p), result.progress)
     assert done.status == "done"
     assert done.provider_id == f"vms/{vmid_for(req.uid, 1, 100000, 199999)}/proxy-race"
-    refused = [e for e in world.engine.ledger.calls("POST", CLONE) if e.status == 500]
-    assert len(refused) == 1
+    # The VMID was seen taken cluster-wide before any clone was sent onto it.
+    checks = world.engine.ledger.calls("GET", "GET /cluster/nextid")
+    assert [c.status for c in checks if c.params.get("vmid") == str(vmid)] == [400]
+    clones = world.engine.ledger.calls("POST", CLONE)
+    assert [c.params["newid"] for c in clones if c.params["name"] == "proxy-race"] == [
+        str(vmid_for(req.uid, 1, 100000, 199999))
+    ]
     assert world.api.vm_config("pve1", vmid)["name"] == "sneaky"
 
 
@@ -302,3 +307,42 @@ def _request(name: str) -> CreateRequest:
 
 def _now(world: World) -> datetime:
     return datetime.fromtimestamp(int(world.clock()), UTC)
+
+
+def test_create_lost_clone_reply_to_another_node_is_not_cloned_again(world: World) -> None:
+    """The clone to pve2 was applied and moved there, but its reply was lost. Proxmox would
+    accept a second clone (its refusal only looks at the template's node), so the create must
+    see the VMID taken cluster-wide and adopt, not clone again."""
+    req = world.request("far", zone="pve2")
+    progress = world.provider.new_create_progress()
+    while True:
+        result = world.step(lambda p: world.provider.create_step(req, p), progress)
+        if result.submitted:
+            break  # the reply is lost: the record stays at "clone"
+        progress = result.progress
+    assert result.step == "clone"
+    world.engine.control.advance(30)  # the clone finishes and lands on pve2
+    done = world.drive(lambda p: world.fresh_provider().create_step(req, p), progress)
+    assert done.status == "done"
+    assert world.engine.ledger.count("POST", CLONE) == 1
+    world.settle()
+    assert len(world.vms_named("proxy-far")) == 1
+
+
+def test_create_clone_refused_as_already_existing_looks_again(world: World) -> None:
+    """Proxmox's own refusal ("config file already exists"), for a VMID taken between the
+    cluster-wide check and the clone, sends the create back to the ownership check."""
+    req = world.request("refused")
+    vmid = vmid_for(req.uid, 0, 100000, 199999)
+    world.engine.control.fail_call(
+        "POST",
+        "/nodes/{node}/qemu/{vmid}/clone",
+        kind="status",
+        status=500,
+        message=f"unable to create VM {vmid}: config file already exists",
+    )
+    done = world.create(req)
+    assert done.status == "done"
+    assert any(r.message.endswith("checking whose it is") for r in world.results)
+    assert world.engine.ledger.count("POST", CLONE) == 2
+    assert len(world.engine.ledger.mutations("POST", CLONE)) == 1

@@ -185,7 +185,7 @@ def _when() -> datetime:
 
 
 def test_get_with_a_known_node_skips_the_listing(world: World) -> None:
-    provider_id, vmid = _running(world, "hinted")
+    provider_id, _ = _running(world, "hinted")
     world.settle(30)
     world.engine.ledger.clear()
     hinted = world.provider.get(provider_id, node="pve1")

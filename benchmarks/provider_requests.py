@@ -1,0 +1,162 @@
+"""Requests per create and per delete for the bare provider over the HTTPS simulator.
+
+No Django, no worker, no journal: ``provisioning.proxmox.provider.Provider`` over the real
+``HttpTransport`` against ``python -m provisioning.proxmox.simulator --profile fast``, driven
+the blocking way (``Provider.create`` to a running VM, then ``Provider.get`` until the guest
+agent reports an address, then ``Provider.delete``). Counts come from the simulator's ledger,
+split into mutations (POST/PUT/DELETE), polls (reads repeated while a task or a boot runs:
+task status, VM status, guest agent) and other reads (listing, configs, task lists, storage).
+
+The create's polls depend on the poll interval (``Budgets.poll_interval``, 1 s by default,
+the setting ``PROXYHUB_POLL_INTERVAL_SECONDS`` in the service) against the profile's task
+durations, so the run is repeated for each ``--poll-interval`` given.
+
+    .venv/bin/python benchmarks/provider_requests.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.fleet import classify_request  # noqa: E402
+from provisioning.proxmox.api import Api  # noqa: E402
+from provisioning.proxmox.budgets import Budgets  # noqa: E402
+from provisioning.proxmox.config import ProxmoxConfig  # noqa: E402
+from provisioning.proxmox.create import CreateRequest  # noqa: E402
+from provisioning.proxmox.http import HttpTransport  # noqa: E402
+from provisioning.proxmox.provider import Provider  # noqa: E402
+from tests.integration.itstack import Simulator, start_simulator  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+INSTALLATION = "ph-benchmark"
+
+
+def _split(entries: list[dict[str, Any]]) -> dict[str, int]:
+    kinds = Counter(classify_request(e) for e in entries)
+    return {
+        "total": len(entries),
+        "mutations": kinds["mutations"],
+        "polls": kinds["polls"],
+        "otherReads": kinds["other_reads"],
+    }
+
+
+def _provider(sim: Simulator, poll_interval: float) -> Provider:
+    document = yaml.safe_load(sim.catalogue.read_text())
+    for key in ("apiVersion", "kind"):
+        document.pop(key, None)
+    config = ProxmoxConfig.from_mapping(document, installation_id=INSTALLATION)
+    transport = HttpTransport(config.url, str(sim.token_file), ca_file=str(sim.ca_file))
+    return Provider(Api(transport), config, budgets=Budgets(poll_interval=poll_interval))
+
+
+def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, Any]:
+    provider = _provider(sim, poll_interval)
+    by_endpoint: dict[str, dict[str, int]] = {}
+    creates: list[dict[str, int]] = []
+    addresses: list[dict[str, int]] = []
+    deletes: list[dict[str, int]] = []
+    nodes = provider.config.nodes
+    for i in range(repeats):
+        uid = str(uuid.uuid4())
+        name = f"proxy-prq-{poll_interval:g}-{i}".replace(".", "-")
+        before = sim.last_seq()
+        provider_id = provider.create(
+            CreateRequest(
+                uid=uid,
+                vm_name=name,
+                machine_type="small",
+                image="debian-13",
+                zone=nodes[i % len(nodes)],
+                cloud_init=b"#cloud-config\n",
+            )
+        )
+        after_create = sim.last_seq()
+        while provider.get(provider_id).state != "Running":
+            time.sleep(poll_interval)
+        after_address = sim.last_seq()
+        provider.delete(provider_id, uid=uid)
+        entries = sim.ledger(after=before)
+        create_calls = [e for e in entries if e["seq"] <= after_create]
+        delete_calls = [e for e in entries if e["seq"] > after_address]
+        creates.append(_split(create_calls))
+        addresses.append(_split([e for e in entries if after_create < e["seq"] <= after_address]))
+        deletes.append(_split(delete_calls))
+        by_endpoint = {
+            "create": dict(Counter(str(e["key"]) for e in create_calls).most_common()),
+            "delete": dict(Counter(str(e["key"]) for e in delete_calls).most_common()),
+        }
+    close = getattr(provider.api.transport, "close", None)
+    if close is not None:
+        close()
+
+    def mean(rows: list[dict[str, int]]) -> dict[str, float]:
+        return {k: round(statistics.mean(r[k] for r in rows), 2) for k in rows[0]}
+
+    return {
+        "pollIntervalSeconds": poll_interval,
+        "repeats": repeats,
+        "create": mean(creates),
+        "addressAfterCreate": mean(addresses),
+        "delete": mean(deletes),
+        "lastRepeatByEndpoint": by_endpoint,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--poll-interval", type=float, nargs="+", default=[1.0, 0.2])
+    parser.add_argument("--repeats", type=int, default=6, help="creates (and deletes) per run")
+    parser.add_argument("--out", type=Path, default=None, help="results file (JSON)")
+    args = parser.parse_args(argv)
+
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="proxyhub-prq-") as tmp:
+        sim = start_simulator(Path(tmp) / "pvesim", profile="fast", log=Path(tmp) / "sim.log")
+        try:
+            for interval in args.poll_interval:
+                run = measure(sim, poll_interval=interval, repeats=args.repeats)
+                runs.append(run)
+                c, a, d = run["create"], run["addressAfterCreate"], run["delete"]
+                print(
+                    f"poll {interval:g} s: create {c['total']:.1f} requests "
+                    f"({c['mutations']:.1f} mutations, {c['polls']:.1f} polls, "
+                    f"{c['otherReads']:.1f} other reads); then {a['total']:.1f} reads until "
+                    f"the address; delete {d['total']:.1f} ({d['mutations']:.1f} mutations, "
+                    f"{d['polls']:.1f} polls, {d['otherReads']:.1f} other reads)"
+                )
+        finally:
+            sim.stop()
+    report = {
+        "benchmark": "provider_requests",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "profile": "fast",
+        "runs": runs,
+    }
+    out = args.out or RESULTS / f"provider-requests-{datetime.now(UTC):%Y-%m-%d}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    existing = json.loads(out.read_text()) if out.exists() else []
+    existing.append(report)
+    out.write_text(json.dumps(existing, indent=2) + "\n")
+    print(f"results appended to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Clusters: seed 000 entry 15's block with its nodes, templates and machine types inline.
+
+Validation is the import's: the model's ``clean()`` applies ``ProxmoxConfig.problems`` to the
+cluster's own fields, and the inline formsets (``forms.CatalogueFormSet``) apply the rules on
+children (at least one, at most 128, unique keys, nothing a live proxy uses removed). The page
+shows only the paths of the token and CA files, never what they hold.
+
+The provider cache is keyed on ``Cluster.updated_at`` (``services.providers``), so saving a
+child row through the inlines bumps it: the next step uses the edited catalogue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import apps
+from django.contrib import admin, messages
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import ngettext
+
+from provisioning.models import Cluster, MachineType, Node, Proxy, Template
+
+from . import display, health, plans
+from .common import CHECK, GuardedActionsMixin
+from .forms import (
+    ClusterForm,
+    MachineTypeForm,
+    MachineTypeFormSet,
+    NodeFormSet,
+    TemplateForm,
+    TemplateFormSet,
+)
+
+
+class NodeInline(admin.TabularInline):
+    model = Node
+    formset = NodeFormSet
+    fields = ("name", "position")
+    extra = 0
+    verbose_name_plural = "nodes (checked and placed in this order)"
+
+
+class TemplateInline(admin.TabularInline):
+    model = Template
+    form = TemplateForm
+    formset = TemplateFormSet
+    fields = ("key", "vmid")
+    extra = 0
+    verbose_name_plural = "templates"
+
+
+class MachineTypeInline(admin.TabularInline):
+    model = MachineType
+    form = MachineTypeForm
+    formset = MachineTypeFormSet
+    fields = ("key", "cores", "memory_mib", "disk_gib")
+    extra = 0
+
+
+def _count(model: type, field: str = "cluster") -> Coalesce:
+    rows = (
+        model.objects.filter(**{field: OuterRef("pk")})
+        .order_by()
+        .values(field)
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
+
+
+@admin.register(Cluster)
+class ClusterAdmin(GuardedActionsMixin):
+    form = ClusterForm
+    list_display = (
+        "name",
+        "url",
+        "iso_storage",
+        "vmid_range",
+        "nodes_count",
+        "proxies",
+        "health_summary",
+    )
+    search_fields = ("name",)
+    search_help_text = "Cluster name (part of it)"
+    inlines = (NodeInline, TemplateInline, MachineTypeInline)
+    actions = ("check_now", "preflight")
+    fieldsets = (
+        (None, {"fields": ("name", "url")}),
+        (
+            "Credentials and TLS",
+            {
+                "fields": ("token_file", "ca_file", "insecure_skip_tls_verify"),
+                "description": "Paths only: the token and the CA stay in their files, which "
+                "are read on every request.",
+            },
+        ),
+        (
+            "Placement",
+            {"fields": ("iso_storage", "storage", "bridge", "vlan_tag", "vmid_min", "vmid_max")},
+        ),
+        (
+            "Behaviour",
+            {"fields": ("request_timeout_seconds", "install_guest_agent", "vendor_data")},
+        ),
+        ("Node health", {"fields": ("node_health",)}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+    readonly_fields = ("node_health", "created_at", "updated_at")
+
+    def has_check_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CHECK)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
+        qs = (
+            super()
+            .get_queryset(request)
+            .annotate(node_total=_count(Node), proxy_total=_count(Proxy))
+        )
+        if health.installed():
+            node_health = apps.get_model("healthchecks", "NodeHealth")
+            latest = node_health.objects.filter(latest=True)
+            qs = qs.annotate(
+                checked_total=_count_in(latest),
+                ready_total=_count_in(latest.filter(ready=True)),
+            )
+        return qs
+
+    @admin.display(description="VMIDs")
+    def vmid_range(self, obj: Cluster) -> str:
+        return f"{obj.vmid_min} to {obj.vmid_max}"
+
+    @admin.display(description="nodes", ordering="node_total")
+    def nodes_count(self, obj: Cluster) -> int:
+        return getattr(obj, "node_total", 0)
+
+    @admin.display(description="proxies", ordering="proxy_total")
+    def proxies(self, obj: Cluster) -> int:
+        return getattr(obj, "proxy_total", 0)
+
+    @admin.display(description="health")
+    def health_summary(self, obj: Cluster) -> SafeString | str:
+        checked = getattr(obj, "checked_total", None)
+        if checked is None:
+            return ""
+        if not checked:
+            return "not checked yet"
+        ready = obj.ready_total  # type: ignore[attr-defined]
+        tone = "ok" if ready == checked else ("bad" if ready == 0 else "warn")
+        return display.badge(f"{ready} of {checked} nodes ready", tone)
+
+    @admin.display(description="latest check per node")
+    def node_health(self, obj: Cluster) -> SafeString | str:
+        if obj.pk is None:
+            return "checked once the cluster is saved"
+        rows = health.latest_for_cluster(obj)
+        if rows is None:
+            return "health checks are not installed"
+        by_node = {row.node: row for row in rows}
+        nodes = list(obj.nodes.order_by("position", "name").values_list("name", flat=True))
+        if not by_node:
+            return "not checked yet; use the “Check nodes now” action"
+        now = timezone.now()
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    node,
+                    display.badge("ready", "ok")
+                    if by_node.get(node) and by_node[node].ready
+                    else display.badge("not ready", "bad")
+                    if by_node.get(node)
+                    else display.badge("unchecked", "idle"),
+                    by_node[node].reason if node in by_node else "",
+                    by_node[node].message if node in by_node else "",
+                    f"{display.age(by_node[node].checked_at, now)} ago" if node in by_node else "",
+                )
+                for node in nodes
+            ),
+        )
+        return format_html(
+            '<table class="ph-health"><thead><tr><th>node</th><th>ready</th><th>reason</th>'
+            "<th>message</th><th>checked</th></tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        # Children saved after the cluster row: move updated_at past them (module docstring).
+        Cluster.objects.filter(pk=form.instance.pk).update(updated_at=timezone.now())
+
+    # --- actions -------------------------------------------------------------------------------
+
+    @admin.action(permissions=["check"], description="Check nodes now")
+    def check_now(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        """Ask for a health round now instead of at the next Beat tick (seed 000 entry 16)."""
+        clusters = list(queryset)
+        if not health.request_check_round():
+            self.message_user(
+                request,
+                "Node health checks are not available: the healthchecks app or its task is "
+                "not installed.",
+                messages.ERROR,
+            )
+            return
+        for cluster in clusters:
+            self.log_change(request, cluster, "Requested a node health check.")
+        self.message_user(
+            request,
+            ngettext(
+                "Requested a node health check covering %(count)d cluster; the results appear "
+                "on its page within a minute.",
+                "Requested a node health check covering %(count)d clusters; the results appear "
+                "on their pages within a minute.",
+                len(clusters),
+            )
+            % {"count": len(clusters)},
+            messages.SUCCESS,
+        )
+
+    @admin.action(permissions=["check"], description="Preflight (read-only checks in Proxmox)")
+    def preflight(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> TemplateResponse:
+        return plans.cluster_preflight_page(self, request, queryset)
+
+
+def _count_in(rows: QuerySet) -> Coalesce:
+    counted = (
+        rows.filter(cluster=OuterRef("pk"))
+        .order_by()
+        .values("cluster")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))

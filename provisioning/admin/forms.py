@@ -1,0 +1,353 @@
+"""Forms of the admin console: a proxy's spec, the bulk-create page and the catalogue inlines.
+
+Cloud-init is accepted as an upload or pasted text and is never rendered back: the paste
+widget drops its value when a form is shown again, the model keeps only a sealed copy, and a
+page shows its size and SHA-256 (DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.forms.models import BaseInlineFormSet
+
+from provisioning.models import Cluster, MachineType, Proxy, Template
+from provisioning.models.choices import DesiredState
+from provisioning.models.proxy import PROXY_NAME
+from provisioning.proxmox.config import CATALOGUE_MAX
+from provisioning.services.operations import numbered_names, validate_placement
+
+# A NoCloud user-data file is a few kilobytes; a megabyte is far beyond any real one and keeps a
+# mistaken upload (an image, a log) out of the database and the seed ISO.
+CLOUD_INIT_MAX_BYTES = 1024 * 1024
+# One request writes the whole batch in one transaction; past this the page would time out.
+BULK_MAX = 500
+# Proxy names are DNS labels of at most 57 characters (DESIGN.md §2).
+NAME_MAX = 57
+
+
+class SecretTextarea(forms.Textarea):
+    """A textarea that never renders its value, like ``PasswordInput(render_value=False)``:
+    a form shown again after an error must not put the pasted cloud-init into the page."""
+
+    def get_context(self, name: str, value: Any, attrs: dict[str, Any] | None) -> dict[str, Any]:
+        return super().get_context(name, None, attrs)
+
+
+def cloud_init_file_field() -> forms.FileField:
+    return forms.FileField(
+        required=False,
+        label="Cloud-init file",
+        help_text="user-data, sent to the VM byte for byte (at most 1 MiB)",
+    )
+
+
+def cloud_init_text_field() -> forms.CharField:
+    return forms.CharField(
+        required=False,
+        strip=False,
+        label="or paste cloud-init",
+        widget=SecretTextarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}),
+        help_text="never shown again once saved; after a form error, paste it again",
+    )
+
+
+def clean_cloud_init(cleaned: dict[str, Any]) -> bytes | None:
+    """The cloud-init bytes from an upload or a paste, ``None`` when neither was given.
+
+    Raises field errors that never quote the content.
+    """
+    upload = cleaned.get("cloud_init_file")
+    text = cleaned.get("cloud_init_text") or ""
+    if upload and text:
+        raise ValidationError(
+            {"cloud_init_text": "give the cloud-init as a file or as pasted text, not both"}
+        )
+    if upload:
+        if upload.size > CLOUD_INIT_MAX_BYTES:
+            raise ValidationError(
+                {"cloud_init_file": f"is {upload.size} bytes; the limit is {CLOUD_INIT_MAX_BYTES}"}
+            )
+        data = upload.read()
+        return bytes(data)
+    if text:
+        data = text.replace("\r\n", "\n").encode()  # browsers send CRLF line ends
+        if len(data) > CLOUD_INIT_MAX_BYTES:
+            raise ValidationError(
+                {"cloud_init_text": f"is {len(data)} bytes; the limit is {CLOUD_INIT_MAX_BYTES}"}
+            )
+        return data
+    return None
+
+
+# Text inputs offer the catalogue's keys as suggestions (an HTML datalist), not as a dropdown:
+# the keys differ per cluster, and the service's check names the valid ones for the cluster.
+_SUGGESTIONS = 500
+MACHINE_TYPE_INPUT = forms.TextInput(attrs={"list": "ph-machine-types", "autocomplete": "off"})
+IMAGE_INPUT = forms.TextInput(attrs={"list": "ph-images", "autocomplete": "off"})
+ZONE_INPUT = forms.TextInput(attrs={"list": "ph-nodes", "autocomplete": "off"})
+
+
+def catalogue_suggestions() -> dict[str, list[str]]:
+    """Every cluster's machine type keys, template keys and node names, for the datalists."""
+    from provisioning.models import Node
+
+    def keys(model: Any, field: str) -> list[str]:
+        rows = model.objects.order_by(field).values_list(field, flat=True).distinct()
+        return list(rows[:_SUGGESTIONS])
+
+    return {
+        "machine_types": keys(MachineType, "key"),
+        "images": keys(Template, "key"),
+        "nodes": keys(Node, "name"),
+    }
+
+
+def placement_errors(cluster: Cluster, *, zone: str, machine_type: str, image: str) -> None:
+    """The service's catalogue checks (seed 000 entry 3), raised as the form's field errors."""
+    validate_placement(cluster, zone=zone, machine_type=machine_type, image=image)
+
+
+class ProxyForm(forms.ModelForm):
+    """Add and change a proxy. Saving goes through the services (``ProxyAdmin.save_model``):
+    a new proxy is created with its ``create`` operation, and a changed placement or cloud-init
+    replaces the VM."""
+
+    cloud_init_file = cloud_init_file_field()
+    cloud_init_text = cloud_init_text_field()
+
+    class Meta:
+        model = Proxy
+        fields = ["name", "cluster", "zone", "machine_type", "image"]
+        help_texts = {
+            "machine_type": "a machine type key of the cluster's catalogue",
+            "image": "a template key of the cluster's catalogue",
+        }
+        widgets = {"machine_type": MACHINE_TYPE_INPUT, "image": IMAGE_INPUT, "zone": ZONE_INPUT}
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        self.cloud_init_bytes: bytes | None = None
+        try:
+            self.cloud_init_bytes = clean_cloud_init(cleaned)
+        except ValidationError as err:
+            self.add_error(None, err)
+        cluster = cleaned.get("cluster") or (self.instance.cluster if self.instance.pk else None)
+        placement = ("zone", "machine_type", "image")
+        if cluster is not None and not any(f in self._errors for f in placement):
+            try:
+                placement_errors(
+                    cluster,
+                    zone=cleaned.get("zone") or "",
+                    machine_type=cleaned.get("machine_type") or "",
+                    image=cleaned.get("image") or "",
+                )
+            except ValidationError as err:
+                self.add_error(None, err)
+        if self.instance.pk and self.instance.desired_state == DesiredState.DELETED:
+            raise ValidationError("the proxy is being deleted; it cannot be changed")
+        return cleaned
+
+
+class BulkCreateForm(forms.Form):
+    """The bulk-create page: ``count`` proxies named ``<prefix>-1`` .. ``<prefix>-N`` (zero
+    padded like ``proxies create --count``), all with one placement and one cloud-init."""
+
+    count = forms.IntegerField(min_value=1, max_value=BULK_MAX, initial=3)
+    prefix = forms.CharField(
+        max_length=NAME_MAX,
+        validators=[PROXY_NAME],
+        help_text="the proxies are named PREFIX-1 .. PREFIX-N",
+    )
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.order_by("name"))
+    machine_type = forms.CharField(max_length=63, widget=MACHINE_TYPE_INPUT)
+    image = forms.CharField(max_length=63, widget=IMAGE_INPUT)
+    zone = forms.CharField(
+        max_length=63,
+        required=False,
+        widget=ZONE_INPUT,
+        help_text="a node of the cluster; blank: spread over the nodes",
+    )
+    cloud_init_file = cloud_init_file_field()
+    cloud_init_text = cloud_init_text_field()
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        self.cloud_init_bytes = b""
+        try:
+            self.cloud_init_bytes = clean_cloud_init(cleaned) or b""
+        except ValidationError as err:
+            self.add_error(None, err)
+        count, prefix, cluster = cleaned.get("count"), cleaned.get("prefix"), cleaned.get("cluster")
+        if count and prefix:
+            longest = numbered_names(prefix, count)[-1]
+            if len(longest) > NAME_MAX:
+                self.add_error(
+                    "prefix",
+                    f"{longest} is longer than {NAME_MAX} characters; shorten the prefix",
+                )
+        if cluster is not None and not any(
+            f in self._errors for f in ("zone", "machine_type", "image")
+        ):
+            try:
+                placement_errors(
+                    cluster,
+                    zone=cleaned.get("zone") or "",
+                    machine_type=cleaned.get("machine_type") or "",
+                    image=cleaned.get("image") or "",
+                )
+            except ValidationError as err:
+                self.add_error(None, err)
+        return cleaned
+
+    def names(self) -> list[str]:
+        return numbered_names(self.cleaned_data["prefix"], self.cleaned_data["count"])
+
+
+class BulkConfirmForm(forms.Form):
+    """The confirm POST of the bulk-create page: the previewed values, and the cloud-init as
+    its sealed copy (``provisioning.sealing``), so the content never travels in the page."""
+
+    count = forms.IntegerField(min_value=1, max_value=BULK_MAX, widget=forms.HiddenInput)
+    prefix = forms.CharField(max_length=NAME_MAX, validators=[PROXY_NAME], widget=forms.HiddenInput)
+    cluster = forms.ModelChoiceField(
+        queryset=Cluster.objects.order_by("name"), widget=forms.HiddenInput
+    )
+    machine_type = forms.CharField(max_length=63, widget=forms.HiddenInput)
+    image = forms.CharField(max_length=63, widget=forms.HiddenInput)
+    zone = forms.CharField(max_length=63, required=False, widget=forms.HiddenInput)
+    cloud_init_sealed = forms.CharField(required=False, widget=forms.HiddenInput)
+
+
+# --- the catalogue ----------------------------------------------------------------------------
+
+_WIDE = forms.TextInput(attrs={"class": "vTextField", "style": "width: 36em"})
+
+
+class ClusterForm(forms.ModelForm):
+    """The cluster's own fields, labelled with the catalogue's words; validation is the model's
+    ``clean()`` (``ProxmoxConfig.problems``, seed 000 entry 15)."""
+
+    class Meta:
+        model = Cluster
+        fields = "__all__"
+        labels = {
+            "url": "URL",
+            "token_file": "Token file",
+            "ca_file": "CA file",
+            "insecure_skip_tls_verify": "Skip TLS verification (insecure)",
+            "iso_storage": "ISO storage",
+            "vlan_tag": "VLAN tag",
+            "vmid_min": "Lowest VMID",
+            "vmid_max": "Highest VMID",
+            "request_timeout_seconds": "Request timeout (seconds)",
+            "vendor_data": "Vendor-data",
+        }
+        widgets = {"url": _WIDE, "token_file": _WIDE, "ca_file": _WIDE}
+
+
+class MachineTypeForm(forms.ModelForm):
+    class Meta:
+        model = MachineType
+        fields = ["key", "cores", "memory_mib", "disk_gib"]
+        labels = {"memory_mib": "Memory (MiB)", "disk_gib": "Disk (GiB)"}
+
+
+class TemplateForm(forms.ModelForm):
+    class Meta:
+        model = Template
+        fields = ["key", "vmid"]
+        labels = {"key": "Image key", "vmid": "Template VMID"}
+
+
+class CatalogueFormSet(BaseInlineFormSet):
+    """Seed 000 entry 15's rules for a cluster's children, as the import applies them: at least
+    one entry, at most ``CATALOGUE_MAX``, unique keys, and nothing a live proxy still uses may be
+    removed or renamed (``services.catalogue``). ``key_field`` names the key column,
+    ``proxy_field`` the proxy field that refers to it, ``what`` the entry in messages."""
+
+    key_field = "key"
+    proxy_field = ""
+    what = "entry"
+    what_plural = "entries"
+
+    def clean(self) -> None:
+        # Our checks first: their messages say more than Django's "duplicate values" one.
+        if not any(self.errors):
+            self._catalogue_rules()
+        super().clean()
+
+    def _catalogue_rules(self) -> None:
+        kept: list[str] = []
+        removed: list[str] = []
+        for form in self.forms:
+            if not hasattr(form, "cleaned_data") or not form.cleaned_data:
+                continue
+            key = form.cleaned_data.get(self.key_field)
+            old = form.initial.get(self.key_field) if form.instance.pk else None
+            if self._should_delete_form(form):
+                if old:
+                    removed.append(old)
+                continue
+            if old and key != old:
+                removed.append(old)
+            if key:
+                kept.append(key)
+        if not kept:
+            raise ValidationError(f"a cluster needs at least one {self.what}")
+        if len(kept) > CATALOGUE_MAX:
+            raise ValidationError(
+                f"a cluster holds at most {CATALOGUE_MAX} {self.what_plural}, got {len(kept)}"
+            )
+        twice = sorted(k for k, n in Counter(kept).items() if n > 1)
+        if twice:
+            raise ValidationError(f"{self.what} given twice: {', '.join(twice)}")
+        gone = sorted(set(removed) - set(kept))
+        if gone and self.instance.pk:
+            self._refuse_removal_in_use(gone)
+
+    def _refuse_removal_in_use(self, gone: list[str]) -> None:
+        live = Proxy.objects.filter(
+            cluster=self.instance,
+            desired_state=DesiredState.PRESENT,
+            **{f"{self.proxy_field}__in": gone},
+        )
+        users: dict[str, list[str]] = {}
+        for name, value in live.values_list("name", self.proxy_field).order_by("name")[:200]:
+            users.setdefault(value, []).append(name)
+        if users:
+            raise ValidationError(
+                [
+                    f'{self.what} "{value}" is still used by {_some(names)}; delete or move '
+                    "those proxies first"
+                    for value, names in sorted(users.items())
+                ]
+            )
+
+
+def _some(names: list[str], shown: int = 10) -> str:
+    rest = len(names) - shown
+    text = ", ".join(names[:shown])
+    return f"{text} and {rest} more" if rest > 0 else text
+
+
+class NodeFormSet(CatalogueFormSet):
+    key_field = "name"
+    proxy_field = "zone"
+    what = "node"
+    what_plural = "nodes"
+
+
+class TemplateFormSet(CatalogueFormSet):
+    proxy_field = "image"
+    what = "template"
+    what_plural = "templates"
+
+
+class MachineTypeFormSet(CatalogueFormSet):
+    proxy_field = "machine_type"
+    what = "machine type"
+    what_plural = "machine types"

@@ -1,0 +1,62 @@
+"""Node health on the console, when the ``healthchecks`` app is installed.
+
+DESIGN.md §3 keeps the import direction ``healthchecks`` → ``provisioning``: provisioning's
+models and services never depend on health results. The console is where the two meet, so it
+reads ``healthchecks``' selectors when that app is installed and shows nothing otherwise, and
+it asks for a health round by the task's registered name instead of importing its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from django.apps import apps
+from django.db import transaction
+
+from provisioning.models import Cluster
+
+# healthchecks.schedules.CHECK_TASK: one round over every cluster, on the ``health`` queue.
+CHECK_ROUND_TASK = "proxyhub.health.check_round"
+
+
+def installed() -> bool:
+    return apps.is_installed("healthchecks")
+
+
+def _services() -> Any | None:
+    if not installed():
+        return None
+    try:
+        return importlib.import_module("healthchecks.services")
+    except ImportError:
+        return None
+
+
+def latest_for_cluster(cluster: Cluster) -> list[Any] | None:
+    """The latest ``NodeHealth`` of each node (config order), or ``None`` without the app."""
+    services = _services()
+    if services is None:
+        return None
+    return list(services.latest_for_cluster(cluster))
+
+
+def clusters_without_ready_node() -> list[Cluster]:
+    services = _services()
+    if services is None:
+        return []
+    return list(services.clusters_without_ready_node())
+
+
+def request_check_round() -> bool:
+    """Send one health round after commit; ``False`` without the ``healthchecks`` app.
+
+    Sent by name: the web process never imports the task modules (the worker discovers them),
+    and the name is the contract, as Beat's schedule uses it too.
+    """
+    from celery import current_app
+
+    if not installed():
+        return False
+    transaction.on_commit(lambda: current_app.send_task(CHECK_ROUND_TASK, queue="health"))
+    return True

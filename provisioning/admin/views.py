@@ -1,0 +1,187 @@
+"""The bulk-create page: count, prefix, placement and cloud-init; the names before the write.
+
+Two steps, two URLs. ``bulk-create/`` shows the form (GET) and, on POST, the preview: the exact
+names it will create, the placement and the cloud-init's size and SHA-256. Nothing is written
+there. ``bulk-create/confirm/`` is the only state-changing URL: POST only (405 to GET), CSRF
+protected by ``admin_view``, and it writes every proxy through ``proxies_create`` in one
+transaction, each with its ``create`` operation sent after commit.
+
+The preview carries the cloud-init to the confirm as its sealed copy (``provisioning.sealing``,
+authenticated encryption under the server's key), so the page never holds the content and a
+client cannot swap it for other bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.decorators import method_decorator
+from django.utils.translation import ngettext
+from django.views import View
+from django.views.decorators.http import require_POST
+
+from provisioning import sealing
+from provisioning.models import Proxy
+from provisioning.models.choices import RequestedVia
+from provisioning.proxmox.errors import ClassifiedError
+from provisioning.services import operations, plans
+from provisioning.services.operations import numbered_names
+
+from .common import PROVISION
+from .forms import BulkConfirmForm, BulkCreateForm, catalogue_suggestions
+
+TEMPLATE = "admin/provisioning/proxy/bulk_create.html"
+# The preview lists every name up to this many, then the first and last few.
+NAMES_SHOWN = 60
+
+
+class _BulkView(View):
+    model_admin: admin.ModelAdmin | None = None
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.has_perm(PROVISION):
+            raise PermissionDenied
+        return super().dispatch(request, *args, **kwargs)
+
+    def render(self, request: HttpRequest, **context: Any) -> TemplateResponse:
+        assert self.model_admin is not None
+        site = self.model_admin.admin_site
+        request.current_app = site.name
+        return TemplateResponse(
+            request,
+            TEMPLATE,
+            {
+                **site.each_context(request),
+                "opts": Proxy._meta,
+                "title": "Create proxies in bulk",
+                "subtitle": None,
+                "confirm_url": reverse("admin:provisioning_proxy_bulk_confirm"),
+                "suggestions": catalogue_suggestions(),
+                **context,
+            },
+        )
+
+
+class BulkCreateView(_BulkView):
+    http_method_names = ["get", "post"]
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return self.render(request, form=BulkCreateForm())
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        """The preview: validate, list the names, write nothing."""
+        form = BulkCreateForm(request.POST, request.FILES)
+        if not form.is_valid():
+            return self.render(request, form=form)
+        names = form.names()
+        taken = sorted(Proxy.objects.filter(name__in=names).values_list("name", flat=True))
+        if taken:
+            form.add_error("prefix", f"proxies already exist: {_shown(taken)}")
+            return self.render(request, form=form)
+        data = form.cleaned_data
+        cloud_init = form.cloud_init_bytes
+        confirm = BulkConfirmForm(
+            initial={
+                "count": data["count"],
+                "prefix": data["prefix"],
+                "cluster": data["cluster"].pk,
+                "machine_type": data["machine_type"],
+                "image": data["image"],
+                "zone": data["zone"],
+                "cloud_init_sealed": _seal(cloud_init),
+            }
+        )
+        return self.render(
+            request,
+            form=None,
+            first_plan=_first_plan(names[0], data, cloud_init),
+            confirm=confirm,
+            names=names if len(names) <= NAMES_SHOWN else None,
+            names_head=names[:5],
+            names_tail=names[-5:],
+            count=len(names),
+            placement=data,
+            cloud_init_size=len(cloud_init),
+            cloud_init_sha256=sealing.digest(cloud_init) if cloud_init else "",
+        )
+
+
+@method_decorator(require_POST, name="dispatch")
+class BulkConfirmView(_BulkView):
+    http_method_names = ["post"]
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        back = reverse("admin:provisioning_proxy_bulk_create")
+        form = BulkConfirmForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "The confirmation was incomplete; fill in the form again.")
+            return HttpResponseRedirect(back)
+        data = form.cleaned_data
+        try:
+            cloud_init = _unseal(data["cloud_init_sealed"])
+        except sealing.SealError:
+            messages.error(request, "The cloud-init could not be read back; upload it again.")
+            return HttpResponseRedirect(back)
+        names = numbered_names(data["prefix"], data["count"])
+        specs = [
+            operations.ProxySpec(
+                name=name,
+                cluster=data["cluster"],
+                machine_type=data["machine_type"],
+                image=data["image"],
+                zone=data["zone"] or "",
+                cloud_init=cloud_init,
+            )
+            for name in names
+        ]
+        try:
+            operations.proxies_create(specs=specs, user=request.user, via=RequestedVia.ADMIN)
+        except ValidationError as err:
+            messages.error(request, "Nothing was created: " + "; ".join(err.messages))
+            return HttpResponseRedirect(back)
+        messages.success(
+            request,
+            ngettext(
+                "Creating %(count)d proxy: %(names)s.",
+                "Creating %(count)d proxies: %(names)s.",
+                len(names),
+            )
+            % {"count": len(names), "names": _shown(names)},
+        )
+        return HttpResponseRedirect(reverse("admin:provisioning_proxy_changelist"))
+
+
+def _first_plan(name: str, data: dict[str, Any], cloud_init: bytes) -> dict[str, Any] | None:
+    """The first proxy's plan (seed 003, no Proxmox call): where it lands and what it gets."""
+    spec = operations.ProxySpec(
+        name=name,
+        cluster=data["cluster"],
+        machine_type=data["machine_type"],
+        image=data["image"],
+        zone=data["zone"] or "",
+        cloud_init=cloud_init,
+    )
+    try:
+        return plans.plan_for_spec(spec).as_dict()
+    except (ClassifiedError, ValueError):
+        return None
+
+
+def _shown(names: list[str], shown: int = 10) -> str:
+    rest = len(names) - shown
+    text = ", ".join(names[:shown])
+    return f"{text} and {rest} more" if rest > 0 else text
+
+
+def _seal(data: bytes) -> str:
+    """A Fernet token is URL-safe text already."""
+    return sealing.seal(data).decode() if data else ""
+
+
+def _unseal(text: str) -> bytes:
+    return sealing.unseal(text.encode()) if text else b""

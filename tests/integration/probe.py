@@ -1,0 +1,131 @@
+"""A Django script the integration tests run as a child with the stack's environment.
+
+It reads what no management command prints (the operation journal) and does what only code
+can do (send a step message again with the operation's current token, as a broker that
+redelivers would). It prints one JSON document on stdout.
+
+    python tests/integration/probe.py journal PREFIX
+    python tests/integration/probe.py timing PREFIX
+    python tests/integration/probe.py duplicate PREFIX --copies 2 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def _setup() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+    import django
+
+    django.setup()
+    import proxyhub.celery  # noqa: F401  (the Celery app, configured from settings)
+
+
+def journal(prefix: str) -> list[dict[str, Any]]:
+    """Every operation for proxies whose name starts with ``prefix``, with its steps."""
+    from provisioning.models import Operation
+
+    out = []
+    for op in Operation.objects.filter(proxy_name__startswith=prefix).order_by("created_at"):
+        out.append(
+            {
+                "id": str(op.pk),
+                "kind": str(op.kind),
+                "state": str(op.state),
+                "proxyName": op.proxy_name,
+                "via": str(op.requested_via),
+                "lastError": op.last_error,
+                "steps": [
+                    [s.name, str(s.state), s.upid]
+                    for s in op.steps.order_by("seq").only("name", "state", "upid")
+                ],
+            }
+        )
+    return out
+
+
+def timing(prefix: str) -> dict[str, Any]:
+    """When the prefix's create operations were asked for and when the last one finished (the
+    proxy Running with its address), as epoch seconds from the journal's own timestamps."""
+    from django.db.models import Count, Max, Min
+
+    from provisioning.models import Operation
+
+    ops = Operation.objects.filter(proxy_name__startswith=prefix, kind="create")
+    span = ops.aggregate(first=Min("created_at"), last=Max("finished_at"), count=Count("pk"))
+    states = dict(ops.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
+    return {
+        "count": span["count"],
+        "states": states,
+        "firstCreated": span["first"].timestamp() if span["first"] else None,
+        "lastFinished": span["last"].timestamp() if span["last"] else None,
+    }
+
+
+def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict[str, int]:
+    """Keep sending ``copies`` extra messages for every in-flight step of the prefix's
+    operations, with the token the driver expects, until none is left or time is up.
+
+    Each duplicate is a real message through Redis to whichever worker takes it, so two
+    workers regularly receive the same step at the same moment.
+    """
+    from provisioning.models import Operation
+    from provisioning.models.choices import ACTIVE_STATES
+    from provisioning.tasks import run_step
+
+    sent = rounds = idle = 0
+    seen: set[tuple[str, str]] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rows = list(
+            Operation.objects.filter(
+                proxy_name__startswith=prefix, state__in=ACTIVE_STATES
+            ).values_list("pk", "dispatch_token")
+        )
+        idle = 0 if rows else idle + 1
+        if idle >= 10:  # two seconds with nothing in flight: the work is over
+            break
+        for pk, token in rows:
+            if not token or (str(pk), token) in seen:
+                continue
+            seen.add((str(pk), token))
+            for _ in range(copies):
+                run_step.apply_async(kwargs={"operation_id": str(pk), "token": token})
+                sent += 1
+        rounds += 1
+        time.sleep(interval)
+    return {"sent": sent, "tokens": len(seen), "rounds": rounds}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="probe.py")
+    sub = parser.add_subparsers(dest="action", required=True)
+    j = sub.add_parser("journal")
+    j.add_argument("prefix")
+    t = sub.add_parser("timing")
+    t.add_argument("prefix")
+    d = sub.add_parser("duplicate")
+    d.add_argument("prefix")
+    d.add_argument("--copies", type=int, default=2)
+    d.add_argument("--seconds", type=float, default=60.0)
+    d.add_argument("--interval", type=float, default=0.2)
+    args = parser.parse_args(argv)
+    _setup()
+    if args.action == "journal":
+        result: Any = journal(args.prefix)
+    elif args.action == "timing":
+        result = timing(args.prefix)
+    else:
+        result = duplicate(args.prefix, args.copies, args.seconds, args.interval)
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
