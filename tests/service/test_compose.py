@@ -83,10 +83,11 @@ def test_commands_are_the_documented_ones(services: dict[str, Any]) -> None:
     web = command_of(services["web"])
     assert web[:2] == ["gunicorn", "proxyhub.wsgi:application"]
     assert web[web.index("--bind") + 1] == "0.0.0.0:8000"
+    # --quiet: no plain-text start-up banner among the JSON log lines on stdout.
     worker = command_of(services["worker"])
-    assert worker[:4] == ["celery", "-A", "proxyhub", "worker"]
+    assert worker[:5] == ["celery", "-A", "proxyhub", "--quiet", "worker"]
     assert worker[worker.index("-Q") + 1] == "provisioning,health"
-    assert command_of(services["beat"])[:4] == ["celery", "-A", "proxyhub", "beat"]
+    assert command_of(services["beat"])[:5] == ["celery", "-A", "proxyhub", "--quiet", "beat"]
     pvesim = command_of(services["pvesim"])
     assert pvesim[:3] == ["python", "-m", "provisioning.proxmox.simulator"]
     assert pvesim[pvesim.index("--port") + 1] == "8006"
