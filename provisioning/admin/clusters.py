@@ -63,7 +63,7 @@ class MachineTypeInline(admin.TabularInline):
     extra = 0
 
 
-def _count(model: type, field: str = "cluster") -> Coalesce:
+def _count(model: type[Node] | type[Proxy], field: str = "cluster") -> Coalesce:
     rows = (
         model.objects.filter(**{field: OuterRef("pk")})
         .order_by()

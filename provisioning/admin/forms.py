@@ -8,7 +8,7 @@ page shows its size and SHA-256 (DESIGN.md §8).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -129,7 +129,9 @@ class ProxyForm(forms.ModelForm):
         widgets = {"machine_type": MACHINE_TYPE_INPUT, "image": IMAGE_INPUT, "zone": ZONE_INPUT}
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        # Django's own clean() returns cleaned_data; the stubs allow None because an override
+        # may return None.
+        cleaned = cast("dict[str, Any]", super().clean())
         self.cloud_init_bytes: bytes | None = None
         try:
             self.cloud_init_bytes = clean_cloud_init(cleaned)
@@ -137,7 +139,7 @@ class ProxyForm(forms.ModelForm):
             self.add_error(None, err)
         cluster = cleaned.get("cluster") or (self.instance.cluster if self.instance.pk else None)
         placement = ("zone", "machine_type", "image")
-        if cluster is not None and not any(f in self._errors for f in placement):
+        if cluster is not None and not any(f in self.errors for f in placement):
             try:
                 placement_errors(
                     cluster,
@@ -157,7 +159,9 @@ class BulkCreateForm(forms.Form):
     padded like ``proxies create --count``), all with one placement and one cloud-init."""
 
     count = forms.IntegerField(min_value=1, max_value=BULK_MAX, initial=3)
-    prefix = forms.CharField(
+    # A field named like BaseForm.prefix (the HTML name prefix): the form metaclass moves fields
+    # out of the class into base_fields, so the form's own prefix stays None at run time.
+    prefix = forms.CharField(  # type: ignore[assignment]
         max_length=NAME_MAX,
         validators=[PROXY_NAME],
         help_text="the proxies are named PREFIX-1 .. PREFIX-N",
@@ -175,7 +179,9 @@ class BulkCreateForm(forms.Form):
     cloud_init_text = cloud_init_text_field()
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        # Django's own clean() returns cleaned_data; the stubs allow None because an override
+        # may return None.
+        cleaned = cast("dict[str, Any]", super().clean())
         self.cloud_init_bytes = b""
         try:
             self.cloud_init_bytes = clean_cloud_init(cleaned) or b""
@@ -190,7 +196,7 @@ class BulkCreateForm(forms.Form):
                     f"{longest} is longer than {NAME_MAX} characters; shorten the prefix",
                 )
         if cluster is not None and not any(
-            f in self._errors for f in ("zone", "machine_type", "image")
+            f in self.errors for f in ("zone", "machine_type", "image")
         ):
             try:
                 placement_errors(
@@ -212,7 +218,10 @@ class BulkConfirmForm(forms.Form):
     its sealed copy (``provisioning.sealing``), so the content never travels in the page."""
 
     count = forms.IntegerField(min_value=1, max_value=BULK_MAX, widget=forms.HiddenInput)
-    prefix = forms.CharField(max_length=NAME_MAX, validators=[PROXY_NAME], widget=forms.HiddenInput)
+    # A field, not BaseForm.prefix (see BulkCreateForm).
+    prefix = forms.CharField(  # type: ignore[assignment]
+        max_length=NAME_MAX, validators=[PROXY_NAME], widget=forms.HiddenInput
+    )
     cluster = forms.ModelChoiceField(
         queryset=Cluster.objects.order_by("name"), widget=forms.HiddenInput
     )
@@ -288,7 +297,9 @@ class CatalogueFormSet(BaseInlineFormSet):
                 continue
             key = form.cleaned_data.get(self.key_field)
             old = form.initial.get(self.key_field) if form.instance.pk else None
-            if self._should_delete_form(form):
+            # BaseFormSet's own "is this form ticked for deletion"; private, so the stubs
+            # do not declare it.
+            if self._should_delete_form(form):  # type: ignore[attr-defined]
                 if old:
                     removed.append(old)
                 continue

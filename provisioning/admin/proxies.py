@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
@@ -340,7 +341,7 @@ class ProxyAdmin(GuardedActionsMixin):
             obj.pk = op.proxy.pk
             obj.uid = op.proxy.uid
             return
-        op = operations.proxy_update(
+        replacing = operations.proxy_update(
             proxy=obj,
             zone=obj.zone,
             machine_type=obj.machine_type,
@@ -349,7 +350,7 @@ class ProxyAdmin(GuardedActionsMixin):
             user=request.user,
             via=RequestedVia.ADMIN,
         )
-        if op is not None:
+        if replacing is not None:
             self.message_user(
                 request,
                 f"The spec of {obj.name} changed: its VM is being replaced.",
@@ -365,7 +366,11 @@ class ProxyAdmin(GuardedActionsMixin):
         journalled delete of the VM, its disks and its seed ISO."""
         proxy = self.get_object(request, unquote(object_id))
         if proxy is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            # The admin's own "does not exist" redirect, as change_view uses it; it is private,
+            # so django-stubs does not declare it.
+            return self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.opts, object_id
+            )
         if not self.has_delete_permission(request, proxy):
             raise PermissionDenied
         if confirmed(request):
@@ -409,7 +414,7 @@ class ProxyAdmin(GuardedActionsMixin):
         return own + super().get_urls()
 
 
-def _without_upload(fields: tuple[str, ...]) -> tuple[str, ...]:
+def _without_upload(fields: Sequence[str]) -> tuple[str, ...]:
     return tuple(f for f in fields if f not in ("cloud_init_file", "cloud_init_text"))
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.db import transaction
@@ -50,6 +50,9 @@ from provisioning.proxmox.steps import StepResult
 
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
+
+if TYPE_CHECKING:
+    from provisioning.proxmox.power import Action
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -141,13 +144,16 @@ def _take_lease(op: Operation, now: datetime) -> bool:
         | Q(lease_expires_at__lt=now)
         | holder_done
     )
-    ids = Proxy.objects.filter(free, pk=op.proxy_id).values("pk")
+    # Only called for an operation that has a proxy (operation_run_step checks proxy_id).
+    ids = Proxy.objects.filter(free, pk=cast(int, op.proxy_id)).values("pk")
     return bool(
         Proxy.objects.filter(pk__in=ids).update(lease_operation=op.pk, lease_expires_at=lease)
     )
 
 
 def _release_lease(op: Operation) -> None:
+    if op.proxy_id is None:
+        return  # the proxy is gone, and its lease with it (the filter below would match nothing)
     Proxy.objects.filter(pk=op.proxy_id, lease_operation=op.pk).update(
         lease_operation=None, lease_expires_at=None
     )
@@ -313,7 +319,9 @@ def _run_power(op: Operation, provider: Provider, progress: dict[str, Any]) -> O
     if progress.get("stage") == "address":
         return _address(op, provider, progress)
     proxy = _proxy(op)
-    req = PowerRequest.from_provider_id(str(op.kind), proxy.provider_id, str(proxy.uid))
+    # _RUNNERS sends only the power kinds here, and PowerRequest checks the action again.
+    action = cast("Action", str(op.kind))
+    req = PowerRequest.from_provider_id(action, proxy.provider_id, str(proxy.uid))
     result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
     progress["power"] = result.progress
     observed: dict[str, Any] = {}
@@ -449,7 +457,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, seconds: float) -> Non
         if updates.get("state") in (OperationState.SUCCEEDED, OperationState.FAILED):
             _release_lease(op)
             if outcome.delete_proxy:
-                Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
+                # delete_proxy is set only for an operation with a proxy (_run_delete).
+                Proxy.objects.filter(
+                    pk=cast(int, op.proxy_id), desired_state=DesiredState.DELETED
+                ).delete()
     _record_metric(op, result, seconds)
     if token:
         _send_after_commit(op, token, delay)

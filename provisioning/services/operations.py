@@ -14,6 +14,7 @@ import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
@@ -32,6 +33,9 @@ from provisioning.models.choices import (
 )
 from provisioning.proxmox.config import resolve_machine_type, resolve_template, resolve_zone
 from provisioning.proxmox.errors import PermanentError
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User as AuthUser
 
 User = AbstractBaseUser | AnonymousUser | None
 
@@ -292,7 +296,9 @@ def _start(
         proxy=proxy,
         proxy_name=proxy.name,
         cluster=proxy.cluster,
-        requested_by=user if user is not None and user.is_authenticated else None,
+        # An authenticated user is an instance of AUTH_USER_MODEL (auth.User here); the stubs
+        # type request.user as AbstractBaseUser and cannot know that.
+        requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,

@@ -9,6 +9,7 @@ lost message delays work by at most one sweep interval plus the grace, and never
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from datetime import timedelta
@@ -55,8 +56,8 @@ def operations_sweep(*, grace: timedelta | None = None) -> int:
                 .update(dispatch_token=token, dispatched_at=now, next_step_at=now)
             )
             if updated:
-                op_id = str(pk)
-                transaction.on_commit(lambda op_id=op_id, token=token: send_step(op_id, token))
+                # Bound now: the callback runs after commit, when the loop has moved on.
+                transaction.on_commit(functools.partial(send_step, str(pk), token))
                 resent += 1
     if resent:
         log.info("lost step messages re-sent", extra={"count": resent})
