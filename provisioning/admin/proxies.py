@@ -46,6 +46,23 @@ from .forms import ProxyForm, catalogue_suggestions
 OPERATIONS_SHOWN = 20
 
 
+# The change page's "Observed" section: what Proxmox was last seen to hold.
+OBSERVED = (
+    "phase_badge",
+    "desired_state",
+    "desired_power",
+    "provider_id",
+    "vmid_shown",
+    "node",
+    "address",
+    "console_link",
+    "vm_created",
+    "observed_at",
+    "last_error",
+    "last_error_class",
+)
+
+
 @admin.register(Proxy)
 class ProxyAdmin(GuardedActionsMixin):
     form = ProxyForm
@@ -96,44 +113,11 @@ class ProxyAdmin(GuardedActionsMixin):
                 "description": "Uploading or pasting new cloud-init replaces the VM.",
             },
         ),
-        (
-            "Observed",
-            {
-                "fields": (
-                    "phase_badge",
-                    "desired_state",
-                    "desired_power",
-                    "provider_id",
-                    "vmid_shown",
-                    "node",
-                    "address",
-                    "console_link",
-                    "vm_created",
-                    "observed_at",
-                    "last_error",
-                    "last_error_class",
-                )
-            },
-        ),
+        ("Observed", {"fields": OBSERVED}),
         ("Operations", {"fields": ("operations_list",)}),
     )
-    observed_fields = (
-        "uid_shown",
-        "cloud_init_summary",
-        "phase_badge",
-        "desired_state",
-        "desired_power",
-        "provider_id",
-        "vmid_shown",
-        "node",
-        "address",
-        "console_link",
-        "vm_created",
-        "observed_at",
-        "last_error",
-        "last_error_class",
-        "operations_list",
-    )
+    # Shown, never edited: what proxyhub and Proxmox report, and the proxy's identity.
+    observed_fields = ("uid_shown", "cloud_init_summary", *OBSERVED, "operations_list")
 
     # --- permissions: the custom ones of Proxy's Meta -----------------------------------------
 
