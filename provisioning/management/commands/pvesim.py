@@ -14,8 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from provisioning.proxmox.simulator.__main__ import add_arguments as add_simulator_arguments
 from provisioning.proxmox.simulator.__main__ import main as simulator_main
-from provisioning.proxmox.simulator.profiles import PROFILES
 
 
 class Command(BaseCommand):
@@ -29,31 +29,7 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-        parser.add_argument(
-            "--port", type=int, default=8006, help="port to listen on; 0 picks a free one"
-        )
-        parser.add_argument(
-            "--profile", choices=sorted(PROFILES), default="fast", help="how long things take"
-        )
-        parser.add_argument(
-            "--time-scale",
-            type=float,
-            default=1.0,
-            help="multiply every duration of the profile by this factor",
-        )
-        parser.add_argument(
-            "--workdir",
-            default=str(settings.VAR_DIR / "pvesim"),
-            help="where the CA, certificate, token and catalogue go (default: var/pvesim)",
-        )
-        parser.add_argument(
-            "--log-level",
-            type=str.upper,
-            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-            default="WARNING",
-            help="level of the simulator's log on stderr",
-        )
+        add_simulator_arguments(parser, default_workdir=str(settings.VAR_DIR / "pvesim"))
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["time_scale"] < 0:

@@ -23,11 +23,8 @@ from .workdir import prepare_workdir, ready_line, write_catalogue
 log = logging.getLogger("proxyhub.pvesim")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m provisioning.proxmox.simulator",
-        description="A Proxmox VE API simulator over HTTPS with a generated CA.",
-    )
+def add_arguments(parser: argparse.ArgumentParser, *, default_workdir: str = "var/pvesim") -> None:
+    """The simulator's options; ``manage.py pvesim`` adds the very same ones."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8006, help="port; 0 picks a free one")
     parser.add_argument(
@@ -40,11 +37,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="multiply every duration of the profile by this factor",
     )
     parser.add_argument(
-        "--workdir", default="var/pvesim", help="CA, certificate, token and catalogue go here"
+        "--workdir", default=default_workdir, help="CA, certificate, token and catalogue go here"
     )
     parser.add_argument(
-        "--log-level", default="WARNING", help="logging level of the simulator's stderr log"
+        "--log-level",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        default="WARNING",
+        help="logging level of the simulator's stderr log",
     )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m provisioning.proxmox.simulator",
+        description="A Proxmox VE API simulator over HTTPS with a generated CA.",
+    )
+    add_arguments(parser)
     args = parser.parse_args(argv)
     if args.time_scale < 0:
         parser.error("--time-scale must not be negative")
