@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from provisioning.services import driver, sweeper
 from provisioning.services import gc as gc_service
@@ -10,6 +13,8 @@ from provisioning.services import reconcile as reconcile_service
 from provisioning.services.leases import LeaseHeld
 
 STEP_TASK = "proxyhub.provisioning.step"
+
+log = logging.getLogger("proxyhub.operations")
 
 
 @shared_task(
@@ -21,8 +26,19 @@ STEP_TASK = "proxyhub.provisioning.step"
     time_limit=180,
 )
 def run_step(operation_id: str, token: str) -> None:
-    """One step of one operation (services.driver); duplicates exit as no-ops."""
-    driver.operation_run_step(operation_id=operation_id, token=token)
+    """One step of one operation (services.driver); duplicates exit as no-ops.
+
+    A database that goes away mid-step (a restart, a failover) is not this step's failure:
+    the claim it took expires and the sweeper sends the step again, so it is logged as a
+    warning rather than raised as a task error.
+    """
+    try:
+        driver.operation_run_step(operation_id=operation_id, token=token)
+    except (OperationalError, InterfaceError) as err:
+        log.warning(
+            "database unavailable during a step; the sweeper sends it again",
+            extra={"operation": operation_id, "error": type(err).__name__},
+        )
 
 
 def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:

@@ -18,7 +18,10 @@ from itstack import Beat, Services, Stack, Worker, running_stack
 # Timing knobs for every child process. Polls are short because the `fast` profile's tasks
 # take 0.1-0.3 s; the claim and the sweeper grace are short so recovery from a SIGKILL shows
 # within seconds (production: 240 s and 30 s); GC's own Beat run is pushed out of the session so
-# it cannot race the GC test, whose minimum age is ten minutes.
+# it cannot race the GC test, whose minimum age is ten minutes. Node health checks are pushed
+# out too: their first Beat run falls due a minute after the migration, i.e. in whichever test
+# has Beat running then, and fresh results switch placement from "fewest proxies" to "most free
+# memory", which puts a whole fleet on the largest node (test_fleet_lifecycle expects a spread).
 TIMINGS = {
     "PROXYHUB_POLL_INTERVAL_SECONDS": "0.2",
     "PROXYHUB_ADDRESS_POLL_SECONDS": "0.2",
@@ -28,6 +31,7 @@ TIMINGS = {
     "PROXYHUB_RECONCILE_INTERVAL_SECONDS": "5",
     "PROXYHUB_GC_INTERVAL_SECONDS": "86400",
     "PROXYHUB_GC_MIN_AGE_SECONDS": "600",
+    "PROXYHUB_HEALTH_INTERVAL_SECONDS": "86400",
 }
 
 
