@@ -150,14 +150,25 @@ class DeleteMachine(StepMachine[DeleteRequest]):
 
     # --- stop and destroy -------------------------------------------------------------
 
-    def _stop(
+    def _status_if_ours(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
-    ) -> StepResult:
+    ) -> StepResult | str:
+        """Right before a stop or a destroy: the VM's run state if it is still ours, else the
+        step that leaves it alone (a reused VMID is never touched)."""
         checked = self._recheck(req, progress, deadline)
         if isinstance(checked, StepResult):
             return checked
+        status = self.api.vm_status(str(progress["node"]), int(progress["vmid"]), deadline=deadline)
+        return str(status.get("status", ""))
+
+    def _stop(
+        self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
+        status = self._status_if_ours(req, progress, deadline)
+        if isinstance(status, StepResult):
+            return status
         vmid, node = int(progress["vmid"]), str(progress["node"])
-        if self.api.vm_status(node, vmid, deadline=deadline).get("status") == "stopped":
+        if status == "stopped":
             return StepResult(
                 "continue", advance(progress, "destroy"), "stop", message="already stopped"
             )
@@ -187,11 +198,11 @@ class DeleteMachine(StepMachine[DeleteRequest]):
     def _destroy(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        checked = self._recheck(req, progress, deadline)
-        if isinstance(checked, StepResult):
-            return checked
+        status = self._status_if_ours(req, progress, deadline)
+        if isinstance(status, StepResult):
+            return status
         vmid, node = int(progress["vmid"]), str(progress["node"])
-        if self.api.vm_status(node, vmid, deadline=deadline).get("status") != "stopped":
+        if status != "stopped":
             return StepResult(
                 "continue",
                 advance(progress, "stop"),

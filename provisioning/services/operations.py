@@ -14,7 +14,7 @@ import json
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
@@ -266,18 +266,14 @@ def proxy_power(
 def operation_for_gc(*, cluster: Cluster, vm_name: str, uid: str, vmid: int) -> Operation:
     """A journalled delete of an orphaned VM (no proxy row): GC's deletes show in the journal."""
     with transaction.atomic():
-        op = Operation.objects.create(
+        return _new_operation(
             kind=OperationKind.DELETE,
             proxy=None,
             proxy_name=vm_name.removeprefix("proxy-"),
             cluster=cluster,
             requested_via=RequestedVia.BEAT,
             progress={"target": {"vm_name": vm_name, "uid": uid, "vmid": vmid}},
-            next_step_at=timezone.now(),
-            dispatch_token=secrets.token_hex(8),
         )
-        _send_on_commit(op)
-        return op
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -291,7 +287,7 @@ def _start(
     idempotency_key: str | None,
     inputs: str,
 ) -> Operation:
-    op = Operation.objects.create(
+    return _new_operation(
         kind=kind,
         proxy=proxy,
         proxy_name=proxy.name,
@@ -302,8 +298,13 @@ def _start(
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,
-        next_step_at=timezone.now(),
-        dispatch_token=secrets.token_hex(8),
+    )
+
+
+def _new_operation(**fields: Any) -> Operation:
+    """Write an operation whose first step is due now, and send that step after commit."""
+    op = Operation.objects.create(
+        next_step_at=timezone.now(), dispatch_token=secrets.token_hex(8), **fields
     )
     _send_on_commit(op)
     return op
