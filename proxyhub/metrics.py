@@ -51,6 +51,12 @@ PROXMOX_REQUEST_SECONDS = Histogram(
     ["call"],
     buckets=_PROXMOX_BUCKETS,
 )
+PROXMOX_TRANSIENT_FAULTS = Counter(
+    "proxyhub_proxmox_transient_faults",
+    "Proxmox requests that met a transient fault (a 5xx, a reset, a timeout), by cluster and "
+    "call; a read retried in place counts once per fault.",
+    ["cluster", "call"],
+)
 OPERATION_STEP_SECONDS = Histogram(
     "operation_step_seconds",
     "Duration of one operation step by operation kind and step.",
@@ -93,6 +99,9 @@ class ProxmoxCallMetricsHandler(logging.Handler):
         try:
             seconds = float(getattr(record, "duration", 0.0) or 0.0)
             record_proxmox_call(str(call), status, seconds)
+            if getattr(record, "transient", False):
+                cluster = str(getattr(record, "cluster", "") or "")
+                PROXMOX_TRANSIENT_FAULTS.labels(cluster=cluster, call=str(call)).inc()
         except Exception:
             self.handleError(record)
 

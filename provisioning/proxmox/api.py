@@ -8,6 +8,14 @@ parameters, an optional upload) and hands it to a ``Transport``. Two transports 
 * ``provisioning.proxmox.simulator.inprocess.SimTransport`` hands the same ``Call`` to the
   simulator's engine in-process, the fast fake for unit tests.
 
+Faults are handled where they happen (issue 16). A read (GET) that meets a transient fault of the
+infrastructure (a reset connection, a 5xx of a busy or unreachable pveproxy) is sent again at
+once, then after short jittered pauses, up to ``ReadRetry.retries`` times: reads change nothing,
+so repeating them is always safe, and a step no longer fails because one of its several reads
+met a hiccup. A mutation is never repeated here: when its answer is lost after it was sent, the
+failure is raised as ``ReplyLost`` so the step machine reads back what Proxmox holds before it
+sends anything again (seed 000's "what a retry finds", seed 001's receipts).
+
 Because both transports receive the very same ``Call``, what the simulator validates is
 exactly what the client would send. Every method takes a keyword-only ``deadline``; the
 transport bounds each request by it.
@@ -20,14 +28,15 @@ upid, duration and HTTP status (on failure Proxmox's message); parameters at DEB
 from __future__ import annotations
 
 import logging
+import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from .deadline import Cancelled, Deadline, DeadlineExceeded
-from .errors import ApiError, ProxmoxError
+from .errors import ApiError, ConnectFailed, ProxmoxError, ReplyLost, RequestTimeout, classify
 
 log = logging.getLogger("proxyhub.proxmox.api")
 
@@ -100,15 +109,104 @@ def _str_values(config: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): ("" if v is None else str(v)) for k, v in config.items()}
 
 
-class Api:
-    """Proxmox VE endpoints, one method each. Stateless apart from its transport."""
+@dataclass(frozen=True)
+class ReadRetry:
+    """How often a GET that met a transient fault is sent again before its failure stands.
 
-    def __init__(self, transport: Transport) -> None:
+    The first retry goes out at once (most hiccups are one dropped connection); later ones wait
+    ``pause`` seconds, doubling, each with jitter so many workers do not retry in step. A retry
+    never waits past the caller's deadline. Slow failures (a request that timed out) are not
+    retried in place: they already spent their time, and an unreachable cluster is the circuit
+    breaker's to handle.
+    """
+
+    retries: int = 0
+    pause: float = 0.2
+
+    def delay(self, retry: int) -> float:
+        """The pause before retry number ``retry`` (1-based)."""
+        if retry <= 1:
+            return 0.0
+        return self.pause * (2 ** (retry - 2)) * random.uniform(0.5, 1.0)  # jitter, not a secret
+
+
+NO_READ_RETRY = ReadRetry()
+
+# 5xx answers of an overloaded or briefly unreachable pveproxy (research/reliability.md §0.6):
+# a GET that met one is worth sending again at once.
+_RETRYABLE_STATUS = frozenset({502, 503, 504, 595, 596, 599})
+_RETRYABLE_500 = ("got timeout", "got no worker upid")
+# Statuses after which a mutation may have been applied though its answer was lost.
+_REPLY_LOST_STATUS = frozenset({596, 599})
+
+
+def retryable_read_failure(exc: BaseException) -> bool:
+    """Whether a GET that failed with ``exc`` may be sent again at once."""
+    if isinstance(exc, ConnectFailed):
+        return True
+    if isinstance(exc, ApiError):
+        if exc.status in _RETRYABLE_STATUS:
+            return True
+        return exc.status == 500 and any(text in exc.message for text in _RETRYABLE_500)
+    return False
+
+
+def reply_may_be_lost(exc: BaseException) -> bool:
+    """Whether a mutation that failed with ``exc`` may nevertheless have been applied."""
+    if isinstance(exc, ConnectFailed):
+        return not exc.before_send
+    if isinstance(exc, RequestTimeout):
+        return True
+    return isinstance(exc, ApiError) and exc.status in _REPLY_LOST_STATUS
+
+
+class Api:
+    """Proxmox VE endpoints, one method each. Stateless apart from its transport.
+
+    ``reads`` says how GETs meet transient faults (``ReadRetry``); ``label`` names the cluster
+    on every log line, so per-cluster metrics can be kept from them.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        reads: ReadRetry = NO_READ_RETRY,
+        label: str = "",
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.transport = transport
+        self.reads = reads
+        self.label = label
+        self._sleep = sleep
 
     # --- plumbing ---------------------------------------------------------------------
 
     def _send(self, call: Call, deadline: Deadline | None) -> Response:
+        retry = 0
+        while True:
+            try:
+                return self._send_once(call, deadline)
+            except ProxmoxError as exc:
+                if call.method != "GET":
+                    if reply_may_be_lost(exc):
+                        raise ReplyLost(call.name, exc) from exc
+                    raise
+                if retry >= self.reads.retries or not retryable_read_failure(exc):
+                    raise
+                retry += 1
+                pause = self.reads.delay(retry)
+                left = deadline.remaining() if deadline is not None else None
+                if left is not None and left <= pause:
+                    raise
+                log.info(
+                    "proxmox api read retried",
+                    extra={"call": call.name, "retry": retry, "pause": round(pause, 3)},
+                )
+                if pause:
+                    self._sleep(pause)
+
+    def _send_once(self, call: Call, deadline: Deadline | None) -> Response:
         started = time.monotonic()
         ids = {k: call.path_params[k] for k in _LOGGED_PATH_KEYS if k in call.path_params}
         if log.isEnabledFor(logging.DEBUG):
@@ -130,10 +228,14 @@ class Api:
                 fields["error"] = exc.message
             else:
                 fields["error"] = str(exc)
+            if self.label:
+                fields["cluster"] = self.label
+            fields["transient"] = classify(call.name, exc).kind == "transient"
             log.info("proxmox api call failed", extra=fields)
             raise
         fields = {
             "call": call.name,
+            **({"cluster": self.label} if self.label else {}),
             **ids,
             "duration": round(time.monotonic() - started, 4),
             "http_status": response.status,

@@ -70,7 +70,23 @@ class TransportError(ProxmoxError):
 
 
 class ConnectFailed(TransportError):
-    """TCP connect failed, or the connection was reset or closed mid-answer."""
+    """TCP connect failed, or the connection was reset or closed mid-answer.
+
+    ``before_send`` is true when the request certainly never left (connection refused, the
+    dial timed out, the name did not resolve): only then is a failed mutation known not to
+    have been applied.
+    """
+
+    def __init__(self, message: str, *, before_send: bool = False) -> None:
+        self.before_send = before_send
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_connect_failed, (str(self), self.before_send))
+
+
+def _connect_failed(message: str, before_send: bool) -> ConnectFailed:
+    return ConnectFailed(message, before_send=before_send)
 
 
 class RequestTimeout(TransportError):
@@ -100,15 +116,49 @@ class CAFileInvalid(TransportError):
 # --- classified failures ------------------------------------------------------------------
 
 
+class ReplyLost(ProxmoxError):
+    """A mutation was sent but its answer never came back (a reset, a read timeout, a 596).
+
+    Proxmox may or may not have applied it: the outcome is *unknown* until a read settles it
+    (seed 001: "a lost task result stays unknown"). ``Api`` raises it for every request that is
+    not a GET, wrapping the transport's own failure, so the step machines' read-back runs
+    before anything is sent again and the journal can say what happened.
+    """
+
+    def __init__(self, call: str, cause: BaseException) -> None:
+        self.call = call
+        self.cause = cause
+        super().__init__(f"{call}: {cause}")
+
+    def __reduce__(self) -> tuple[type[ReplyLost], tuple[str, BaseException]]:
+        return (ReplyLost, (self.call, self.cause))
+
+
 class ClassifiedError(ProxmoxError):
-    """A failure with its class and what an operator should do about it."""
+    """A failure with its class and what an operator should do about it.
+
+    Two facts ride along for the control loop: ``unreachable`` when Proxmox could not be
+    reached at all (the cluster's circuit breaker counts these), and ``reply_lost`` when a
+    mutation may have been applied although its answer was lost (the operation is ``unknown``
+    until the step's read-back settles it).
+    """
 
     kind = "transient"
 
-    def __init__(self, message: str, *, remediation: str = "", op: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        remediation: str = "",
+        op: str = "",
+        unreachable: bool = False,
+        reply_lost: bool = False,
+    ) -> None:
         self.message = message
         self.remediation = remediation
         self.op = op
+        self.unreachable = unreachable
+        self.reply_lost = reply_lost
         super().__init__(message)
 
     def __str__(self) -> str:
@@ -117,13 +167,30 @@ class ClassifiedError(ProxmoxError):
         return self.message
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (type(self), self.message, self.remediation, self.op))
+        return (
+            _rebuild,
+            (
+                type(self),
+                self.message,
+                self.remediation,
+                self.op,
+                self.unreachable,
+                self.reply_lost,
+            ),
+        )
 
 
 def _rebuild(
-    cls: type[ClassifiedError], message: str, remediation: str, op: str
+    cls: type[ClassifiedError],
+    message: str,
+    remediation: str,
+    op: str,
+    unreachable: bool = False,
+    reply_lost: bool = False,
 ) -> ClassifiedError:
-    return cls(message, remediation=remediation, op=op)
+    return cls(
+        message, remediation=remediation, op=op, unreachable=unreachable, reply_lost=reply_lost
+    )
 
 
 class PermanentError(ClassifiedError):
@@ -163,6 +230,15 @@ def classify(op: str, err: BaseException) -> ClassifiedError:
     """
     if isinstance(err, ClassifiedError):
         return err
+    if isinstance(err, ReplyLost):
+        found = classify(op, err.cause)
+        found.reply_lost = True
+        if found.kind == "transient" and not found.remediation:
+            found.remediation = (
+                "the request may have been applied; the next step reads back what Proxmox "
+                "holds before anything is sent again"
+            )
+        return found
     if isinstance(err, ApiError):
         return _classify_api(op, err)
     if isinstance(err, TaskFailed):
@@ -203,7 +279,9 @@ def classify(op: str, err: BaseException) -> ClassifiedError:
             "every request, so no restart is needed",
             op=op,
         )
-    if isinstance(err, RequestTimeout | DeadlineExceeded):
+    if isinstance(err, RequestTimeout):
+        return TransientError(f"Proxmox did not answer in time: {err}", op=op, unreachable=True)
+    if isinstance(err, DeadlineExceeded):
         return TransientError(f"Proxmox did not answer in time: {err}", op=op)
     if isinstance(err, Cancelled):
         return TransientError("operation cancelled", op=op)
@@ -212,6 +290,7 @@ def classify(op: str, err: BaseException) -> ClassifiedError:
             f"Proxmox unreachable: {err}",
             remediation="check that the url is reachable from the workers",
             op=op,
+            unreachable=True,
         )
     return TransientError(f"unexpected failure: {type(err).__name__}: {err}", op=op)
 

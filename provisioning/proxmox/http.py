@@ -473,7 +473,7 @@ def _transport_error(call: Call, exc: requests.RequestException) -> Exception:
         return ConnectFailed(f"{where}: TLS handshake failed")
     if isinstance(exc, requests.exceptions.ConnectTimeout):
         # The node did not answer the dial: unreachable, not slow (seed 000 entry 16).
-        return ConnectFailed(f"{where}: connect timed out")
+        return ConnectFailed(f"{where}: connect timed out", before_send=True)
     if isinstance(exc, requests.exceptions.ReadTimeout) or _caused_by_read_timeout(exc):
         return RequestTimeout(f"{where}: no answer in time (read timed out)")
     if isinstance(
@@ -481,8 +481,15 @@ def _transport_error(call: Call, exc: requests.RequestException) -> Exception:
     ):
         return ConnectFailed(f"{where}: connection broken while reading the answer")
     if isinstance(exc, requests.exceptions.ConnectionError):
-        return ConnectFailed(f"{where}: connection failed ({_os_reason(exc)})")
+        reason = _os_reason(exc)
+        return ConnectFailed(
+            f"{where}: connection failed ({reason})", before_send=reason in _NEVER_SENT
+        )
     return ConnectFailed(f"{where}: request failed ({type(exc).__name__})")
+
+
+# Reasons after which the request certainly never reached the server.
+_NEVER_SENT = frozenset({"connection refused", "host name not resolved"})
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
