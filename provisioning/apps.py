@@ -7,3 +7,6 @@ class ProvisioningConfig(AppConfig):
     name = "provisioning"
     verbose_name = "Provisioning"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the control loop's system checks)

@@ -18,19 +18,19 @@ SCHEDULES: dict[str, tuple[str, str, int, str]] = {
         "proxyhub.provisioning.reconcile",
         "PROXYHUB_RECONCILE_INTERVAL_SECONDS",
         60,
-        "provisioning",
+        "control",
     ),
     "proxyhub: garbage collection": (
         "proxyhub.provisioning.gc",
         "PROXYHUB_GC_INTERVAL_SECONDS",
         300,
-        "provisioning",
+        "control",
     ),
     "proxyhub: journal sweeper": (
         "proxyhub.provisioning.sweep",
         "PROXYHUB_SWEEPER_INTERVAL_SECONDS",
-        30,
-        "provisioning",
+        10,
+        "control",
     ),
 }
 

@@ -1,4 +1,10 @@
-"""Celery tasks: thin doors onto services. They take ids, never model instances (STYLE.md)."""
+"""Celery tasks: thin doors onto services. They take ids, never model instances (STYLE.md).
+
+Nothing below imports this module: services send steps by the registered names kept in
+``services.dispatch``, which these tasks declare. Step messages go to the ``provisioning``
+queue; sweep, reconcile and GC to the small ``control`` queue (settings route them), so a
+backlog of steps cannot starve the jobs that keep the loop alive.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,13 @@ from django.db import InterfaceError, OperationalError
 from provisioning.services import driver, sweeper
 from provisioning.services import gc as gc_service
 from provisioning.services import reconcile as reconcile_service
+from provisioning.services.dispatch import GC_TASK, RECONCILE_TASK, STEP_TASK, SWEEP_TASK
 from provisioning.services.leases import LeaseHeld
-
-STEP_TASK = "proxyhub.provisioning.step"
+from provisioning.services.rounds import round_timing
 
 log = logging.getLogger("proxyhub.operations")
+
+_ROUNDS = round_timing()
 
 
 @shared_task(
@@ -41,31 +49,23 @@ def run_step(operation_id: str, token: str) -> None:
         )
 
 
-def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
-    """Send the message for an operation's next step (call it after commit)."""
-    run_step.apply_async(
-        kwargs={"operation_id": operation_id, "token": token},
-        countdown=max(0.0, countdown),
-    )
-
-
 @shared_task(
-    name="proxyhub.provisioning.sweep",
+    name=SWEEP_TASK,
     ignore_result=True,
     soft_time_limit=60,
     time_limit=90,
     expires=60,
 )
 def sweep() -> int:
-    """Re-send step messages that were lost (services.sweeper)."""
+    """Send again step messages that were lost (services.sweeper)."""
     return sweeper.operations_sweep()
 
 
 @shared_task(
-    name="proxyhub.provisioning.reconcile",
+    name=RECONCILE_TASK,
     ignore_result=True,
-    soft_time_limit=240,
-    time_limit=300,
+    soft_time_limit=_ROUNDS.soft_time_limit,
+    time_limit=_ROUNDS.time_limit,
 )
 def reconcile() -> dict[str, int]:
     """One reconcile round over every cluster; a round already running elsewhere wins."""
@@ -76,14 +76,14 @@ def reconcile() -> dict[str, int]:
 
 
 @shared_task(
-    name="proxyhub.provisioning.gc",
+    name=GC_TASK,
     ignore_result=True,
-    soft_time_limit=240,
-    time_limit=300,
+    soft_time_limit=_ROUNDS.soft_time_limit,
+    time_limit=_ROUNDS.time_limit,
 )
 def gc() -> int:
     """Collect orphaned VMs and seed ISOs of this installation (services.gc)."""
     try:
         return len(gc_service.gc_run())
-    except LeaseHeld:
+    except (LeaseHeld, gc_service.GcRefused):
         return 0

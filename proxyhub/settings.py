@@ -243,7 +243,7 @@ PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900
 # Beat intervals, used by the data migration that creates the periodic tasks.
 PROXYHUB_RECONCILE_INTERVAL_SECONDS = env.int("PROXYHUB_RECONCILE_INTERVAL_SECONDS", default=60)
 PROXYHUB_GC_INTERVAL_SECONDS = env.int("PROXYHUB_GC_INTERVAL_SECONDS", default=300)
-PROXYHUB_SWEEPER_INTERVAL_SECONDS = env.int("PROXYHUB_SWEEPER_INTERVAL_SECONDS", default=30)
+PROXYHUB_SWEEPER_INTERVAL_SECONDS = env.int("PROXYHUB_SWEEPER_INTERVAL_SECONDS", default=10)
 PROXYHUB_HEALTH_INTERVAL_SECONDS = env.int("PROXYHUB_HEALTH_INTERVAL_SECONDS", default=60)
 PROXYHUB_HEALTH_RETENTION_DAYS = env.int("PROXYHUB_HEALTH_RETENTION_DAYS", default=7)
 # A health round's deadline per cluster; a node not answered by then reports Timeout.
@@ -256,15 +256,46 @@ PROXYHUB_HEALTH_STALE_SECONDS = env.int(
 PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS = env.int(
     "PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS", default=3600
 )
-# How long an operation owns its proxy's lease before another may take it over (DESIGN §6).
-PROXYHUB_LEASE_SECONDS = env.int("PROXYHUB_LEASE_SECONDS", default=300)
-# How long a delivery may hold an operation's step before another may take it (a killed worker's
-# claim expires after this); above the step task's hard time limit (180 s).
-PROXYHUB_STEP_CLAIM_SECONDS = env.int("PROXYHUB_STEP_CLAIM_SECONDS", default=240)
-# How late a step may be before the sweeper counts its message as lost and sends it again.
-PROXYHUB_SWEEPER_GRACE_SECONDS = env.int("PROXYHUB_SWEEPER_GRACE_SECONDS", default=30)
-# The longest countdown a step waits before it is re-enqueued; part of the visibility rule.
-PROXYHUB_STEP_MAX_BACKOFF_SECONDS = env.int("PROXYHUB_STEP_MAX_BACKOFF_SECONDS", default=300)
+# The control loop's timings (docs/operator-guide.md, "Retries and ceilings"; the defaults and
+# their reasons are in provisioning/services/policy.py, circuit.py, rounds.py and sweeper.py).
+# A delivery's claim on a step: renewed every third of it while the step runs, so a worker
+# killed mid-step frees its step within this time and the sweeper sends it again.
+PROXYHUB_STEP_CLAIM_SECONDS = env.float("PROXYHUB_STEP_CLAIM_SECONDS", default=20.0)
+# How late a step may be before the sweeper sends its message again (same token, no loss).
+PROXYHUB_SWEEPER_GRACE_SECONDS = env.float("PROXYHUB_SWEEPER_GRACE_SECONDS", default=10.0)
+# Retries where the fault happened: a GET meeting a transient fault is sent again this many
+# times (at once, then after a jittered pause doubling from the given one); a step that still
+# fails transiently is run again in the same delivery this many times (it reads back first).
+PROXYHUB_READ_RETRIES = env.int("PROXYHUB_READ_RETRIES", default=3)
+PROXYHUB_READ_RETRY_PAUSE_SECONDS = env.float("PROXYHUB_READ_RETRY_PAUSE_SECONDS", default=0.2)
+PROXYHUB_STEP_RETRIES_IN_PLACE = env.int("PROXYHUB_STEP_RETRIES_IN_PLACE", default=2)
+# Then a short backoff: base * 2^(n-1), jittered, capped well under a minute.
+PROXYHUB_STEP_BASE_BACKOFF_SECONDS = env.float("PROXYHUB_STEP_BASE_BACKOFF_SECONDS", default=1.0)
+PROXYHUB_STEP_MAX_BACKOFF_SECONDS = env.float("PROXYHUB_STEP_MAX_BACKOFF_SECONDS", default=20.0)
+# Ceilings: an operation ends failed, with its last error, after this many failed deliveries in
+# a row or past its kind's age.
+PROXYHUB_MAX_ATTEMPTS = env.int("PROXYHUB_MAX_ATTEMPTS", default=20)
+PROXYHUB_MAX_AGE_CREATE_SECONDS = env.int("PROXYHUB_MAX_AGE_CREATE_SECONDS", default=3600)
+PROXYHUB_MAX_AGE_REPLACE_SECONDS = env.int("PROXYHUB_MAX_AGE_REPLACE_SECONDS", default=5400)
+PROXYHUB_MAX_AGE_DELETE_SECONDS = env.int("PROXYHUB_MAX_AGE_DELETE_SECONDS", default=3600)
+PROXYHUB_MAX_AGE_POWER_SECONDS = env.int("PROXYHUB_MAX_AGE_POWER_SECONDS", default=1800)
+# The per-cluster circuit breaker: opens after this many connection failures in a row, defers
+# the cluster's steps for the open interval (doubling after a failed probe, up to the maximum).
+PROXYHUB_CIRCUIT_FAILURES = env.int("PROXYHUB_CIRCUIT_FAILURES", default=5)
+PROXYHUB_CIRCUIT_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_OPEN_SECONDS", default=15.0)
+PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS", default=120.0)
+# Reconcile and GC rounds stop starting new work after the deadline; their tasks' time limits
+# follow it, and the job lease must outlast them (system check proxyhub.E002).
+PROXYHUB_ROUND_DEADLINE_SECONDS = env.int("PROXYHUB_ROUND_DEADLINE_SECONDS", default=240)
+PROXYHUB_JOB_LEASE_SECONDS = env.int("PROXYHUB_JOB_LEASE_SECONDS", default=360)
+# GC removes at most this many VMs and seed ISOs per round; the rest wait for the next round.
+PROXYHUB_GC_MAX_DELETES_PER_ROUND = env.int("PROXYHUB_GC_MAX_DELETES_PER_ROUND", default=50)
+# This installation's identity outside the database (services/installation.py): GC deletes only
+# when it agrees with the database's. Empty: read from the file below (written on first start).
+PROXYHUB_INSTALLATION_ID = env.str("PROXYHUB_INSTALLATION_ID", default="")
+PROXYHUB_INSTALLATION_ID_FILE = env.str(
+    "PROXYHUB_INSTALLATION_ID_FILE", default=str(VAR_DIR / "installation-id")
+)
 # Optional bearer token for /metrics; empty leaves it open on the internal network.
 PROXYHUB_METRICS_TOKEN = env.str("PROXYHUB_METRICS_TOKEN", default="")
 
@@ -344,8 +375,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # the soft limit lets the step record its state before the hard limit kills the process.
 CELERY_TASK_SOFT_TIME_LIMIT = 120
 CELERY_TASK_TIME_LIMIT = 180
-# Two queues so bulk provisioning cannot starve node health checks; a plain
-# `celery -A proxyhub worker` consumes both, a deployment may split them with -Q.
+# Three queues so bulk provisioning can starve neither node health checks nor the control loop;
+# a plain `celery -A proxyhub worker` consumes all, a deployment may split them with -Q.
 # Each queue has its own exchange and routing key: queues declared by name alone share the
 # default exchange and routing key, and a message would land in both.
 CELERY_TASK_DEFAULT_QUEUE = "provisioning"
@@ -354,8 +385,16 @@ CELERY_TASK_DEFAULT_ROUTING_KEY = "provisioning"
 CELERY_TASK_QUEUES = (
     Queue("provisioning", Exchange("provisioning", type="direct"), routing_key="provisioning"),
     Queue("health", Exchange("health", type="direct"), routing_key="health"),
+    Queue("control", Exchange("control", type="direct"), routing_key="control"),
 )
-CELERY_TASK_ROUTES = {"proxyhub.health.*": {"queue": "health"}}
+# Sweep, reconcile and GC keep the loop alive: their own small queue, which a backlog of step
+# messages cannot starve (a worker consumes its queues in turn).
+CELERY_TASK_ROUTES = {
+    "proxyhub.health.*": {"queue": "health"},
+    "proxyhub.provisioning.sweep": {"queue": "control"},
+    "proxyhub.provisioning.reconcile": {"queue": "control"},
+    "proxyhub.provisioning.gc": {"queue": "control"},
+}
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # Workers log through Django's LOGGING (proxyhub.celery connects setup_logging).

@@ -1,13 +1,18 @@
 """provisioning's models, one module per aggregate (STYLE.md: NetBox's models package)."""
 
 from .catalogue import Cluster, MachineType, Node, Template
+from .circuit import CircuitBreaker, CircuitState
+from .gcround import GcRound
 from .installation import Installation
 from .lease import JobLease
 from .operation import Operation, OperationStep
 from .proxy import Proxy
 
 __all__ = [
+    "CircuitBreaker",
+    "CircuitState",
     "Cluster",
+    "GcRound",
     "Installation",
     "JobLease",
     "MachineType",

@@ -29,12 +29,20 @@ class Installation(models.Model):
 
     @classmethod
     def current_id(cls) -> str:
-        """The installation id, created atomically the first time it is asked for."""
+        """The installation id, created the first time it is asked for. Services use
+        ``services.installation.installation_id``, which also keeps it outside the database."""
         row = cls.objects.first()
         if row is not None:
             return row.installation_id
+        return cls.create_once(None)
+
+    @classmethod
+    def create_once(cls, installation_id: str | None) -> str:
+        """Create the single row (with ``installation_id``, or a new id), atomically: when
+        another process created it first, its id wins."""
         try:
             with transaction.atomic():
-                return cls.objects.create().installation_id
-        except IntegrityError:  # another process created it first
+                fields = {"installation_id": installation_id} if installation_id else {}
+                return cls.objects.create(**fields).installation_id
+        except IntegrityError:
             return cls.objects.get().installation_id

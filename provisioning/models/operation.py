@@ -12,6 +12,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from .catalogue import Cluster
 from .choices import ErrorClass, OperationKind, OperationState, RequestedVia, StepState
@@ -35,6 +36,8 @@ class Operation(models.Model):
         max_length=16, choices=RequestedVia.choices, default=RequestedVia.COMMAND
     )
     idempotency_key = models.CharField(max_length=128, null=True, blank=True, unique=True)
+    # Why the control loop started it (reconcile's operations); empty when an operator asked.
+    reason = models.CharField(max_length=255, blank=True)
     inputs_hash = models.CharField(max_length=64, blank=True)
 
     state = models.CharField(
@@ -50,10 +53,18 @@ class Operation(models.Model):
     claim_token = models.CharField(max_length=64, blank=True)
     claim_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="transient failures in a row")
+    faults = models.PositiveIntegerField(
+        default=0, help_text="transient faults met over the operation's life"
+    )
+    # How often the sweeper re-sent the current message because it looked lost; each re-send
+    # waits twice as long as the one before, so a queue backlog never multiplies messages.
+    redispatches = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
     error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set from the database's clock by the services (services.clock): ages and ceilings are
+    # measured against it, whichever host created the operation.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -64,6 +75,16 @@ class Operation(models.Model):
             models.Index(fields=["proxy", "-created_at"], name="operation_proxy_idx"),
             models.Index(fields=["kind", "state"], name="operation_kind_state_idx"),
             models.Index(fields=["-created_at"], name="operation_created_idx"),
+        ]
+        constraints = [
+            # One chain at a time per proxy: a newer intent supersedes (ends) the older one in
+            # the same transaction that starts it, so two unfinished operations on one proxy
+            # mean a bug; the database refuses it rather than letting both run.
+            models.UniqueConstraint(
+                fields=["proxy"],
+                condition=models.Q(state__in=["queued", "running", "waiting", "unknown"]),
+                name="operation_one_active_per_proxy",
+            )
         ]
 
     def __str__(self) -> str:

@@ -56,7 +56,8 @@ class Proxy(models.Model):
     last_error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)
 
-    # One chain at a time per proxy, across all workers: the operation holding the lease.
+    # One chain at a time per proxy, across all workers: the operation holding the lease. It
+    # holds it until it finishes, through its own backoffs; it has no expiry to outlive.
     lease_operation = models.ForeignKey(
         "provisioning.Operation",
         on_delete=models.SET_NULL,
@@ -65,7 +66,10 @@ class Proxy(models.Model):
         related_name="+",
         editable=False,
     )
-    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Moves on whenever an operation of this proxy starts or ends. Reconcile remembers it from
+    # its snapshot and acts only if it has not moved since: a decision taken on a listing that
+    # predates an operator's action must not undo it.
+    generation = models.PositiveBigIntegerField(default=0, editable=False)
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -16,22 +16,31 @@ Two kinds of garbage, per cluster, from one listing:
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
+from django.db import DatabaseError, transaction
+from django.db.models import Q
 
-from provisioning.models import Cluster, Operation, Proxy
+from provisioning.models import Cluster, GcRound, Operation, Proxy
 from provisioning.models.choices import ACTIVE_STATES, OperationKind
 from provisioning.proxmox.errors import ClassifiedError, ProxmoxError, classify
 
 from . import operations
+from .clock import db_now
+from .installation import identity_problem
 from .leases import job_lease
 from .providers import provider_for
+from .rounds import round_timing
 
 log = logging.getLogger("proxyhub.gc")
+
+# How many VMs and seeds one round removes at most (PROXYHUB_GC_MAX_DELETES_PER_ROUND).
+MAX_DELETES_PER_ROUND = 50
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
     """What GC would remove from ``cluster`` now. Makes only GET requests."""
     min_age = min_age_seconds() if min_age is None else min_age
     provider = provider_for(cluster)
-    now = timezone.now()
+    now = db_now()
     try:
         listing = provider.api.cluster_resources()
     except Exception as err:
@@ -82,6 +91,8 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
     for vm in provider.list_managed(listing=listing):
         if vm.uid and vm.uid in live_uids:
             continue
+        if vm.name in proxy_vm_names:
+            continue  # a live proxy's name: never garbage, whatever its mark says
         if vm.vmid in being_deleted:
             continue
         age = _age(vm.created_at, now)
@@ -123,48 +134,126 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
     return items
 
 
-def gc_run(*, dry_run: bool = False, min_age: float | None = None) -> list[GcItem]:
-    """Plan (and unless ``dry_run``, remove) garbage on every cluster, holding the GC lease."""
+class GcRefused(Exception):
+    """GC will not delete anything: the installation identity cannot be trusted."""
+
+
+def max_deletes_per_round() -> int:
+    return int(getattr(settings, "PROXYHUB_GC_MAX_DELETES_PER_ROUND", MAX_DELETES_PER_ROUND))
+
+
+def gc_run(
+    *, dry_run: bool = False, min_age: float | None = None, via: str = "beat"
+) -> list[GcItem]:
+    """Plan (and unless ``dry_run``, remove) garbage on every cluster, holding the GC lease.
+
+    At most ``PROXYHUB_GC_MAX_DELETES_PER_ROUND`` items go per round, oldest first; the rest
+    are held back for the next round and recorded (``GcRound``), so a mistake (a database that
+    lost its proxies, a wrong identity) costs a bounded, visible amount. The round stops starting
+    new work at its deadline. Nothing is deleted when the installation identity kept outside
+    the database is missing or disagrees with the database's (``GcRefused``).
+    """
+    timing = round_timing()
+    stop_at = time.monotonic() + timing.deadline
+    record = GcRound(started_at=db_now(), dry_run=dry_run, requested_via=via)
+    problem = identity_problem()
+    if problem and not dry_run:
+        record.refused = [{"cluster": "", "reason": problem}]
+        record.finished_at = db_now()
+        record.save()
+        log.error("gc refused", extra={"reason": problem})
+        raise GcRefused(problem)
     done: list[GcItem] = []
-    with job_lease("gc", seconds=600):
+    held: list[GcItem] = []
+    budget = max_deletes_per_round()
+    with job_lease("gc", seconds=timing.lease):
         for cluster in Cluster.objects.all():
+            if time.monotonic() > stop_at:
+                record.refused.append({"cluster": cluster.name, "reason": "round deadline"})
+                continue
             try:
                 plan = gc_plan(cluster, min_age=min_age)
             except ClassifiedError as err:
                 log.warning(
                     "gc skipped a cluster", extra={"cluster": cluster.name, "error": str(err)}
                 )
+                record.refused.append({"cluster": cluster.name, "reason": str(err)})
                 continue
+            plan.sort(key=_oldest_first)
+            take, rest = plan[:budget], plan[budget:]
+            budget -= len(take)
             if not dry_run:
-                _remove(cluster, plan)
-            done.extend(plan)
+                take = _remove(cluster, take)
+            done.extend(take)
+            held.extend(rest)
+    record.removed = [item.as_json() for item in done]
+    record.held_back = [item.as_json() for item in held]
+    record.finished_at = db_now()
+    record.save()
     log.info(
         "gc round",
         extra={
             "dry_run": dry_run,
             "vms": sum(i.kind == "vm" for i in done),
             "seeds": sum(i.kind == "seed" for i in done),
+            "held_back": len(held),
         },
     )
     return done
 
 
-def _remove(cluster: Cluster, plan: list[GcItem]) -> None:
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _oldest_first(item: GcItem) -> tuple[int, int]:
+    # An unknown age counts as old (seed 000 entry 8): such items go first.
+    return (0 if item.age_seconds is None else 1, -(item.age_seconds or 0))
+
+
+def _remove(cluster: Cluster, plan: list[GcItem]) -> list[GcItem]:
+    """Remove each item on its own, so one failure never aborts the round; returns what went.
+
+    A VM becomes a journalled delete, decided under a transaction that checks again, on the
+    database as it is now, that no proxy owns the VM (by uid or by name) and no GC delete of
+    it runs; the delete itself checks name, mark and uid once more right before it destroys.
+    """
     provider = provider_for(cluster)
+    removed: list[GcItem] = []
     for item in plan:
-        if item.kind == "vm":
-            assert item.vmid is not None
-            operations.operation_for_gc(
-                cluster=cluster, vm_name=item.name, uid=item.uid, vmid=item.vmid
-            )
-        else:
-            assert item.volid is not None
-            try:
+        try:
+            if item.kind == "vm" and _start_vm_delete(cluster, item):
+                removed.append(item)
+            elif item.kind == "seed":
+                assert item.volid is not None
                 provider.api.delete_volume(item.node, provider.config.iso_storage, item.volid)
-            except ProxmoxError as err:
-                log.warning(
-                    "gc could not delete a seed", extra={"volid": item.volid, "error": str(err)}
-                )
+                removed.append(item)
+        except (ProxmoxError, DatabaseError) as err:
+            log.warning(
+                "gc could not remove an item",
+                extra={"kind": item.kind, "name": item.name, "error": str(err)},
+            )
+    return removed
+
+
+def _start_vm_delete(cluster: Cluster, item: GcItem) -> bool:
+    assert item.vmid is not None
+    with transaction.atomic():
+        owned = Proxy.objects.filter(
+            Q(name=item.name.removeprefix("proxy-")) | Q(uid=item.uid)
+            if item.uid
+            else Q(name=item.name.removeprefix("proxy-"))
+        ).exists()
+        if owned or item.vmid in _gc_deletes_in_flight(cluster):
+            return False
+        operations.operation_for_gc(
+            cluster=cluster, vm_name=item.name, uid=item.uid, vmid=item.vmid
+        )
+    return True
 
 
 def _gc_deletes_in_flight(cluster: Cluster) -> set[int]:

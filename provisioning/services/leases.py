@@ -1,18 +1,33 @@
-"""Job leases: one reconcile and one GC at a time, whatever runs Beat or the commands."""
+"""Leases: one chain of steps per proxy, and one reconcile and one GC at a time.
+
+**The proxy lease.** An operation holds its proxy's lease from its first step until it ends,
+through every wait and backoff in between; only then may another operation of that proxy run a
+step. It is taken under a lock on the proxy row, deciding on the row as it is once the lock is
+held. (An UPDATE whose conditions sit in a subquery is not enough: PostgreSQL's READ COMMITTED
+re-checks only the outer ``id`` after waiting for the row, so two waiters both won.) The lease
+has no expiry to outlive: a holder that stopped without finishing is a finished operation (it
+was superseded, or it failed), whose lease is free once no delivery of it still runs.
+
+**Job leases** keep reconcile and GC single across every process that runs Beat or a command.
+"""
 
 from __future__ import annotations
 
 import logging
 import secrets
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
-from django.utils import timezone
 
-from provisioning.models import JobLease
+from provisioning.models import JobLease, Operation, Proxy
+from provisioning.models.choices import ACTIVE_STATES
+
+from .claims import claim_live
+from .clock import db_now
 
 log = logging.getLogger("proxyhub.jobs")
 
@@ -21,11 +36,64 @@ class LeaseHeld(Exception):
     """Another process holds the job's lease."""
 
 
+def proxy_lease_take(*, operation: Operation) -> bool:
+    """Hold ``operation``'s proxy for it, or say that another operation still holds it."""
+    proxy_id = operation.proxy_id
+    if proxy_id is None:
+        return True  # nothing to hold: the proxy row is gone (a delete that finished)
+    # The fast path: a lease already ours stays ours while we are unfinished, and we are
+    # (our delivery holds the claim of an active operation).
+    if Proxy.objects.filter(pk=proxy_id, lease_operation=operation.pk).exists():
+        return True
+    with transaction.atomic():
+        row = (
+            Proxy.objects.select_for_update()
+            .filter(pk=proxy_id)
+            .values("lease_operation_id")
+            .first()
+        )
+        if row is None:
+            return True  # the proxy is gone: the step will find out and end
+        holder = row["lease_operation_id"]
+        if holder is not None and holder != operation.pk and _holder_busy(holder):
+            return False
+        Proxy.objects.filter(pk=proxy_id).update(lease_operation=operation.pk)
+        return True
+
+
+def _holder_busy(holder_id: uuid.UUID) -> bool:
+    """Whether the holding operation still needs its proxy: unfinished, or finished with a
+    delivery still running a step (a superseded operation's last step)."""
+    holder = (
+        Operation.objects.filter(pk=holder_id)
+        .values("state", "claim_token", "claim_expires_at")
+        .first()
+    )
+    if holder is None:
+        return False
+    if holder["state"] in ACTIVE_STATES:
+        return True
+    return claim_live(holder["claim_token"], holder["claim_expires_at"], db_now())
+
+
+def proxy_lease_release(*, operation: Operation) -> None:
+    if operation.proxy_id is None:
+        return
+    Proxy.objects.filter(pk=operation.proxy_id, lease_operation=operation.pk).update(
+        lease_operation=None
+    )
+
+
 @contextmanager
 def job_lease(name: str, *, seconds: float) -> Iterator[str]:
-    """Hold the lease ``name`` for the block, or raise ``LeaseHeld`` at once."""
+    """Hold the lease ``name`` for the block, or raise ``LeaseHeld`` at once.
+
+    ``seconds`` must outlast the block (the round's deadline and the task's hard time limit:
+    ``services.rounds`` derives all three from one setting and a system check keeps them so),
+    or a second round could start beside a slow first one.
+    """
     holder = secrets.token_hex(8)
-    now = timezone.now()
+    now = db_now()
     until = now + timedelta(seconds=seconds)
     try:
         with transaction.atomic():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.db.models import F
 
 from provisioning.models import Cluster, Operation, Proxy
 from provisioning.models.choices import (
@@ -34,10 +35,15 @@ from provisioning.models.choices import (
 from provisioning.proxmox.config import resolve_machine_type, resolve_template, resolve_zone
 from provisioning.proxmox.errors import PermanentError
 
+from . import dispatch, policy
+from .clock import db_now
+
 if TYPE_CHECKING:
     from django.contrib.auth.models import User as AuthUser
 
 User = AbstractBaseUser | AnonymousUser | None
+
+log = logging.getLogger("proxyhub.operations")
 
 
 class IdempotencyConflict(ValueError):
@@ -201,8 +207,18 @@ def proxy_update(
         return proxy_replace(proxy=locked, user=user, via=via)
 
 
-def proxy_replace(*, proxy: Proxy, user: User = None, via: str = RequestedVia.COMMAND) -> Operation:
+def proxy_replace(
+    *,
+    proxy: Proxy,
+    user: User = None,
+    via: str = RequestedVia.COMMAND,
+    idempotency_key: str | None = None,
+) -> Operation:
     """Replace the proxy's VM with a new one built from the current spec."""
+    inputs = _inputs_hash("replace", proxy.pk)
+    existing = _by_key(idempotency_key, inputs)
+    if existing is not None:
+        return existing
     with transaction.atomic():
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         if locked.desired_state == DesiredState.DELETED:
@@ -211,17 +227,30 @@ def proxy_replace(*, proxy: Proxy, user: User = None, via: str = RequestedVia.CO
         locked.phase = Phase.PENDING
         locked.last_error, locked.last_error_class = "", ""
         locked.save(update_fields=["phase", "last_error", "last_error_class", "updated_at"])
-        return _start(locked, OperationKind.REPLACE, user, via, None, "")
+        return _start(locked, OperationKind.REPLACE, user, via, idempotency_key, inputs)
 
 
-def proxy_retry(*, proxy: Proxy, user: User = None, via: str = RequestedVia.COMMAND) -> Operation:
+def proxy_retry(
+    *,
+    proxy: Proxy,
+    user: User = None,
+    via: str = RequestedVia.COMMAND,
+    idempotency_key: str | None = None,
+) -> Operation:
     """Clear a latched ``Failed`` and try again: a delete when one was asked for, else a create
-    (which adopts whatever VM of this proxy already exists)."""
+    (which adopts whatever VM of this proxy already exists). An operation still running is
+    handed back, unless it is past its ceiling: then it is superseded by the new one."""
+    inputs = _inputs_hash("retry", proxy.pk)
+    existing = _by_key(idempotency_key, inputs)
+    if existing is not None:
+        return existing
     with transaction.atomic():
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
-        existing = _active(locked).first()
-        if existing is not None:
-            return existing
+        active = _active(locked).first()
+        if active is not None:
+            if not _past_ceiling(active):
+                return active
+            _supersede(locked, "a retry (the operation was past its ceiling)")
         kind = (
             OperationKind.DELETE
             if locked.desired_state == DesiredState.DELETED
@@ -230,13 +259,22 @@ def proxy_retry(*, proxy: Proxy, user: User = None, via: str = RequestedVia.COMM
         locked.phase = Phase.DELETING if kind == OperationKind.DELETE else Phase.PENDING
         locked.last_error, locked.last_error_class = "", ""
         locked.save(update_fields=["phase", "last_error", "last_error_class", "updated_at"])
-        return _start(locked, kind, user, via, None, "")
+        return _start(locked, kind, user, via, idempotency_key, inputs)
 
 
 def proxy_power(
-    *, proxy: Proxy, action: str, user: User = None, via: str = RequestedVia.COMMAND
+    *,
+    proxy: Proxy,
+    action: str,
+    user: User = None,
+    via: str = RequestedVia.COMMAND,
+    idempotency_key: str | None = None,
 ) -> Operation:
-    """Start, gracefully shut down or reboot the proxy's VM (seed 001)."""
+    """Start, gracefully shut down or reboot the proxy's VM (seed 001), as the operator asks:
+    ``desired_power`` follows a start or a shutdown. Refused while the proxy's VM is being
+    created, replaced or deleted: a power action between those steps would act on a VM that
+    is not ready (a start before its seed ISO is attached boots a VM that never gets an
+    address)."""
     kinds = {
         "start": OperationKind.START,
         "shutdown": OperationKind.SHUTDOWN,
@@ -244,10 +282,20 @@ def proxy_power(
     }
     if action not in kinds:
         raise ValidationError({"action": f"must be one of start, shutdown, reboot; got {action!r}"})
+    inputs = _inputs_hash(action, proxy.pk)
+    existing = _by_key(idempotency_key, inputs)
+    if existing is not None:
+        return existing
     with transaction.atomic():
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         if locked.desired_state == DesiredState.DELETED:
             raise ValidationError(f"{locked.name} is being deleted")
+        building = _active(locked).exclude(kind__in=_POWER_KINDS).first()
+        if building is not None:
+            raise ValidationError(
+                f"{locked.name} is being {_BUILDING[building.kind]}; ask again once it is "
+                f"{'Running' if building.kind != OperationKind.DELETE else 'gone'}"
+            )
         if not locked.provider_id:
             raise ValidationError(f"{locked.name} has no VM yet")
         if action == "shutdown":
@@ -255,12 +303,29 @@ def proxy_power(
         elif action == "start":
             locked.desired_power = DesiredPower.ON
         locked.save(update_fields=["desired_power", "updated_at"])
-        _supersede(
-            locked,
-            action,
-            kinds=(OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT),
-        )
-        return _start(locked, kinds[action], user, via, None, "")
+        _supersede(locked, action, kinds=_POWER_KINDS)
+        return _start(locked, kinds[action], user, via, idempotency_key, inputs)
+
+
+def proxy_converge(*, proxy: Proxy, kind: str, reason: str) -> Operation:
+    """Reconcile's own door: start ``kind`` on an idle proxy to bring it to what the operator
+    asked for, without touching what was asked (``desired_*``) and without superseding
+    anything. The caller holds the proxy's row lock and has checked, on the row as it is now,
+    that no operation runs and none ran since its snapshot (``services.reconcile``)."""
+    if _active(proxy).exists():
+        raise ValidationError(f"{proxy.name} is busy; reconcile acts only on idle proxies")
+    fields = ["updated_at"]
+    if kind in (OperationKind.CREATE, OperationKind.REPLACE):
+        proxy.phase, proxy.last_error, proxy.last_error_class = Phase.PENDING, "", ""
+        fields += ["phase", "last_error", "last_error_class"]
+    elif kind == OperationKind.DELETE:
+        proxy.phase = Phase.DELETING
+        fields.append("phase")
+    proxy.save(update_fields=fields)
+    log.info(
+        "reconcile converges a proxy", extra={"proxy": proxy.name, "kind": kind, "reason": reason}
+    )
+    return _start(proxy, kind, None, RequestedVia.BEAT, None, "", reason=reason)
 
 
 def operation_for_gc(*, cluster: Cluster, vm_name: str, uid: str, vmid: int) -> Operation:
@@ -269,7 +334,11 @@ def operation_for_gc(*, cluster: Cluster, vm_name: str, uid: str, vmid: int) -> 
         return _new_operation(
             kind=OperationKind.DELETE,
             proxy=None,
-            proxy_name=vm_name.removeprefix("proxy-"),
+            # The journal's name column fits a proxy name; a foreign VM's may be longer (the
+            # target in progress keeps it whole).
+            proxy_name=vm_name.removeprefix("proxy-")[
+                : Operation._meta.get_field("proxy_name").max_length
+            ],
             cluster=cluster,
             requested_via=RequestedVia.BEAT,
             progress={"target": {"vm_name": vm_name, "uid": uid, "vmid": vmid}},
@@ -286,6 +355,8 @@ def _start(
     via: str,
     idempotency_key: str | None,
     inputs: str,
+    *,
+    reason: str = "",
 ) -> Operation:
     return _new_operation(
         kind=kind,
@@ -298,27 +369,39 @@ def _start(
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,
+        reason=reason,
     )
 
 
 def _new_operation(**fields: Any) -> Operation:
-    """Write an operation whose first step is due now, and send that step after commit."""
+    """Write an operation whose first step is due now, and send that step after commit.
+
+    Its times come from the database's clock, which ages and ceilings are measured against.
+    Starting an operation moves its proxy's ``generation``, so a reconcile decision taken on a
+    snapshot from before it is recognised as stale.
+    """
+    now = db_now()
     op = Operation.objects.create(
-        next_step_at=timezone.now(), dispatch_token=secrets.token_hex(8), **fields
+        created_at=now, next_step_at=now, dispatch_token=secrets.token_hex(8), **fields
     )
-    _send_on_commit(op)
+    if op.proxy_id is not None:
+        Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
+    dispatch.send_after_commit(str(op.pk), op.dispatch_token)
     return op
-
-
-def _send_on_commit(op: Operation) -> None:
-    from provisioning.tasks import send_step
-
-    op_id, token = str(op.pk), op.dispatch_token
-    transaction.on_commit(lambda: send_step(op_id, token, countdown=0))
 
 
 def _active(proxy: Proxy):  # type: ignore[no-untyped-def]
     return Operation.objects.filter(proxy=proxy, state__in=ACTIVE_STATES)
+
+
+_NAME_MAX = 57  # Operation.proxy_name's max_length, as long as the longest proxy name
+
+_POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
+_BUILDING = {
+    OperationKind.CREATE: "created",
+    OperationKind.REPLACE: "replaced",
+    OperationKind.DELETE: "deleted",
+}
 
 
 def _supersede(
@@ -333,14 +416,19 @@ def _supersede(
     ),
 ) -> None:
     """End unfinished older operations of the given kinds: the newer intent wins. A step such an
-    operation is running right now finishes, but its result is not applied (see the driver)."""
-    now = timezone.now()
+    operation is running right now finishes, but its result is not applied (see the driver),
+    and the new operation waits for the proxy's lease until that step is done."""
     _active(proxy).filter(kind__in=list(kinds)).update(
         state=OperationState.FAILED,
         last_error=f"superseded by {by}",
-        finished_at=now,
+        finished_at=db_now(),
         next_step_at=None,
     )
+
+
+def _past_ceiling(op: Operation) -> bool:
+    """Whether ``op`` is older than its kind allows: its next delivery would end it."""
+    return db_now() - op.created_at > policy.ceiling_for(op.kind).age
 
 
 def _inputs_hash(*parts: object) -> str:

@@ -20,13 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from provisioning import sealing
-from provisioning.models import Cluster, Installation, Proxy
+from provisioning.models import Cluster, Proxy
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.ids import vm_name as vm_name_for
 from provisioning.proxmox.plan import Plan, build_plan
 from provisioning.proxmox.preflight import PREFLIGHT_BUDGET, Check, preflight
 
+from .installation import installation_id
 from .operations import ProxySpec
 from .placement import choose_node
 from .providers import provider_for
@@ -65,7 +66,7 @@ def plan_preview(proxy: Proxy) -> Plan:
 
     Unknown catalogue keys raise the create's ``PermanentError`` (seed 000 entry 3).
     """
-    config = proxy.cluster.proxmox_config(Installation.current_id())
+    config = proxy.cluster.proxmox_config(installation_id())
     return _plan_for_proxy(proxy, config)
 
 
@@ -86,7 +87,7 @@ def plan_for_spec(spec: ProxySpec) -> Plan:
     is what ``plan_preview`` would show once it exists. A name that is not a DNS label raises
     ``PermanentError``.
     """
-    config = spec.cluster.proxmox_config(Installation.current_id())
+    config = spec.cluster.proxmox_config(installation_id())
     return build_plan(
         config,
         uid=None,

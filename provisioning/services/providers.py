@@ -16,12 +16,14 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from provisioning.models import Cluster, Installation
-from provisioning.proxmox.api import Api, Transport
+from provisioning.models import Cluster
+from provisioning.proxmox.api import Api, ReadRetry, Transport
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.http import HttpTransport
 from provisioning.proxmox.provider import Provider
+
+from .installation import installation_id
 
 TransportFactory = Callable[[ProxmoxConfig], Transport]
 
@@ -49,6 +51,16 @@ def _default_budgets() -> Budgets:
     return Budgets(poll_interval=interval)
 
 
+def _read_retry() -> ReadRetry:
+    """Issue 16: a GET that meets a transient fault is sent again in place, at once and then
+    after short jittered pauses (settings ``PROXYHUB_READ_RETRIES``,
+    ``PROXYHUB_READ_RETRY_PAUSE_SECONDS``), before the step counts it as a failure."""
+    return ReadRetry(
+        retries=int(getattr(settings, "PROXYHUB_READ_RETRIES", 3)),
+        pause=float(getattr(settings, "PROXYHUB_READ_RETRY_PAUSE_SECONDS", 0.2)),
+    )
+
+
 def provider_for(cluster: Cluster) -> Provider:
     """The provider for ``cluster`` as it is now."""
     key = (cluster.pk, cluster.updated_at.isoformat() if cluster.updated_at else "")
@@ -56,9 +68,10 @@ def provider_for(cluster: Cluster) -> Provider:
         provider = _cache.get(key)
     if provider is not None:
         return provider
-    config = cluster.proxmox_config(Installation.current_id())
+    config = cluster.proxmox_config(installation_id())
     transport = (_factory or _http_transport)(config)
-    provider = Provider(Api(transport), config, budgets=_budgets or _default_budgets())
+    api = Api(transport, reads=_read_retry(), label=cluster.name)
+    provider = Provider(api, config, budgets=_budgets or _default_budgets())
     with _lock:
         for stale in [k for k in _cache if k[0] == cluster.pk and k != key]:
             old = _cache.pop(stale)

@@ -5,52 +5,85 @@ further (config, status, agent) only when the listing cannot settle it: not yet 
 with an address, or its VM's entry changed (not running, locked, renamed). So a round over a
 converged fleet makes one request per cluster and no mutation.
 
-What a round does per proxy with no operation running:
+What a round does per idle proxy (no operation running):
 * asked to be deleted: a delete;
 * no VM yet, or its VM vanished: a create (the create adopts a VM of ours if one exists);
 * a VM that can never report an address (its agent config was removed): a replace;
 * power: a stopped VM that should run is started; a running one that should not is shut
   down. A deliberately stopped proxy (``desired_power`` off) stays stopped.
-Proxies latched ``Failed`` are left for an operator.
+Proxies latched ``Failed`` are left for an operator, and so is a power action or replace that
+reconcile already tried and that failed: the proxy shows why, and the next try is the
+operator's (every retry has a ceiling; reconcile's is one).
+
+**Decisions on fresh state** (issue 10). A listing can take seconds to minutes; meanwhile an
+operator may shut a proxy down, replace it or retry it. So the snapshot only nominates: every
+decision is taken again under the proxy's row lock, on the row as it is then, and applied only
+if no operation started or ended on the proxy since the snapshot (its ``generation`` did not
+move), nothing the operator asks for changed, and it is still idle. Reconcile never changes
+``desired_*``, never supersedes an operation, and starts its own operations through
+``operations.proxy_converge``. The round stops starting new work at its deadline.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from django.utils import timezone
+from django.db import transaction
 
-from provisioning.models import Cluster, Operation, Proxy
+from provisioning.models import CircuitBreaker, Cluster, Operation, Proxy
 from provisioning.models.choices import (
     ACTIVE_STATES,
     DesiredPower,
     DesiredState,
     ErrorClass,
+    OperationKind,
+    OperationState,
     Phase,
-    RequestedVia,
 )
-from provisioning.proxmox.errors import ClassifiedError, NotFoundError
+from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
 from provisioning.proxmox.observe import Instance
 
-from . import operations
+from . import circuit, operations
+from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
+from .rounds import round_timing
 
 log = logging.getLogger("proxyhub.reconcile")
 
 _PHASE = {"Running": Phase.RUNNING, "Provisioning": Phase.PROVISIONING, "Stopped": Phase.STOPPED}
+# What an operator asks for: a decision is void when any of it changed since the snapshot.
+_INTENT = ("desired_state", "desired_power", "spec_hash", "provider_id", "vmid", "phase")
 
 
-def reconcile_round(*, lease_seconds: float = 600) -> Counter[str]:
-    """Reconcile every cluster once, holding the ``reconcile`` lease."""
+@dataclass
+class Decision:
+    """What reconcile wants for one proxy: a name for the round's counts, observed fields to
+    write, and an operation to start (``kind``) with the reason the journal shows."""
+
+    name: str
+    observed: dict[str, Any] = field(default_factory=dict)
+    kind: str = ""
+    reason: str = ""
+
+
+def reconcile_round() -> Counter[str]:
+    """Reconcile every cluster once, holding the ``reconcile`` lease, within the deadline."""
+    timing = round_timing()
+    stop_at = time.monotonic() + timing.deadline
     totals: Counter[str] = Counter()
-    with job_lease("reconcile", seconds=lease_seconds):
+    with job_lease("reconcile", seconds=timing.lease):
         for cluster in Cluster.objects.all():
+            if time.monotonic() > stop_at:
+                totals["past_deadline"] += 1
+                continue
             try:
-                totals.update(reconcile_cluster(cluster))
+                totals.update(reconcile_cluster(cluster, stop_at=stop_at))
             except ClassifiedError as err:
                 # One unreachable cluster must not stop the others.
                 log.warning(
@@ -61,10 +94,15 @@ def reconcile_round(*, lease_seconds: float = 600) -> Counter[str]:
     return totals
 
 
-def reconcile_cluster(cluster: Cluster) -> Counter[str]:
+def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Counter[str]:
     counts: Counter[str] = Counter()
     proxies = list(Proxy.objects.filter(cluster=cluster).exclude(phase=Phase.FAILED))
     if not proxies:
+        return counts
+    breaker = CircuitBreaker.objects.filter(pk=cluster.pk).first()
+    now = db_now()
+    if not circuit.circuit_admit(cluster_id=cluster.pk, breaker=breaker, now=now).allowed:
+        counts["circuit_open"] += len(proxies)
         return counts
     busy = set(
         Operation.objects.filter(
@@ -75,61 +113,78 @@ def reconcile_cluster(cluster: Cluster) -> Counter[str]:
     try:
         listing = provider.api.cluster_resources()
     except Exception as err:
-        from provisioning.proxmox.errors import classify
-
-        raise classify("list", err) from err
+        error = classify("list", err)
+        if error.unreachable:
+            circuit.circuit_record_failure(cluster_id=cluster.pk, error=str(error), now=db_now())
+        raise error from err
+    circuit.circuit_record_success(cluster_id=cluster.pk, breaker=breaker, now=db_now())
     by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}
     for proxy in proxies:
+        if stop_at is not None and time.monotonic() > stop_at:
+            counts["past_deadline"] += 1
+            continue
         if proxy.pk in busy:
             counts["busy"] += 1
             continue
-        counts[_reconcile_proxy(proxy, provider, listing, by_vmid)] += 1
+        decision = _decide(proxy, provider, listing, by_vmid)
+        counts[_apply(proxy, decision)] += 1
     return counts
 
 
-def _reconcile_proxy(
+# --- deciding on the snapshot (no lock held: it may read Proxmox) ------------------------------
+
+
+def _decide(
     proxy: Proxy,
     provider: Any,
     listing: list[dict[str, Any]],
     by_vmid: Mapping[int, Mapping[str, Any]],
-) -> str:
+) -> Decision:
     if proxy.desired_state == DesiredState.DELETED:
-        operations.proxy_request_delete(proxy=proxy, via=RequestedVia.BEAT)
-        return "delete"
+        return Decision("delete", kind=OperationKind.DELETE, reason="the proxy is to be deleted")
     if not proxy.provider_id:
-        operations.proxy_retry(proxy=proxy, via=RequestedVia.BEAT)
-        return "create"
+        return Decision("create", kind=OperationKind.CREATE, reason="the proxy has no VM")
     entry = by_vmid.get(proxy.vmid or -1)
     if entry is None or (entry.get("name") and entry.get("name") != proxy.vm_name):
-        return _recreate(proxy, "its VM is gone")
+        return _recreate("its VM is gone")
     if not _needs_read(proxy, entry):
-        return "converged"
+        return Decision("converged")
     try:
         instance = provider.get(proxy.provider_id, listing=listing)
     except NotFoundError:
-        return _recreate(proxy, "its VM is gone")
+        return _recreate("its VM is gone")
     except ClassifiedError as err:
-        Proxy.objects.filter(pk=proxy.pk).update(
-            last_error=str(err), last_error_class=ErrorClass.TRANSIENT
+        return Decision(
+            "unreadable",
+            observed={"last_error": str(err), "last_error_class": ErrorClass.TRANSIENT},
         )
-        return "unreadable"
-    _record(proxy, instance)
+    observed = _observed(instance)
     if proxy.desired_power == DesiredPower.ON and instance.state == "Stopped":
         if instance.lock == "suspended":
-            return "hibernated"  # never clears by itself; an operator resumes or destroys it
+            # Never clears by itself; an operator resumes or destroys it.
+            return Decision("hibernated", observed)
         if instance.status == "running" and instance.qmpstatus in ("paused", "suspended"):
-            return "paused"  # an operator paused it in Proxmox; leave it to them
+            return Decision("paused", observed)  # an operator paused it in Proxmox
         if not instance.agent:
             # No agent configured: this VM can never report an address (seed 000 entry 7).
-            operations.proxy_replace(proxy=proxy, via=RequestedVia.BEAT)
-            return "replace"
+            return Decision(
+                "replace",
+                observed,
+                OperationKind.REPLACE,
+                "its VM has no guest agent, so it can never report an address",
+            )
         if instance.status == "stopped":
-            operations.proxy_power(proxy=proxy, action="start", via=RequestedVia.BEAT)
-            return "start"
+            return Decision("start", observed, OperationKind.START, "it should run and is stopped")
     if proxy.desired_power == DesiredPower.OFF and instance.status == "running":
-        operations.proxy_power(proxy=proxy, action="shutdown", via=RequestedVia.BEAT)
-        return "shutdown"
-    return "observed"
+        return Decision(
+            "shutdown", observed, OperationKind.SHUTDOWN, "it should be off and is running"
+        )
+    return Decision("observed", observed)
+
+
+def _recreate(why: str) -> Decision:
+    observed = {"provider_id": "", "vmid": None, "ip": None, "phase": Phase.PENDING}
+    return Decision("recreate", observed, OperationKind.CREATE, why)
 
 
 def _needs_read(proxy: Proxy, entry: Mapping[str, Any]) -> bool:
@@ -140,23 +195,68 @@ def _needs_read(proxy: Proxy, entry: Mapping[str, Any]) -> bool:
     return not (running and proxy.phase == Phase.RUNNING and proxy.ip)
 
 
-def _record(proxy: Proxy, instance: Instance) -> None:
-    Proxy.objects.filter(pk=proxy.pk).update(
-        phase=_PHASE.get(instance.state, Phase.STOPPED),
-        ip=instance.ip,
-        node=instance.node,
-        vm_created_at=instance.created_at,
-        observed_at=timezone.now(),
-        last_error="",
-        last_error_class="",
-    )
+def _observed(instance: Instance) -> dict[str, Any]:
+    return {
+        "phase": _PHASE.get(instance.state, Phase.STOPPED),
+        "ip": instance.ip,
+        "node": instance.node,
+        "vm_created_at": instance.created_at,
+        "last_error": "",
+        "last_error_class": "",
+    }
 
 
-def _recreate(proxy: Proxy, why: str) -> str:
-    log.info("reconcile re-creates a proxy", extra={"proxy": proxy.name, "reason": why})
-    Proxy.objects.filter(pk=proxy.pk).update(
-        provider_id="", vmid=None, ip=None, phase=Phase.PENDING, observed_at=timezone.now()
+# --- applying on fresh state (under the proxy's row lock) --------------------------------------
+
+
+def _apply(snapshot: Proxy, decision: Decision) -> str:
+    if decision.name == "converged":
+        return decision.name
+    with transaction.atomic():
+        proxy = Proxy.objects.select_for_update().filter(pk=snapshot.pk).first()
+        if proxy is None:
+            return "gone"
+        if _stale(snapshot, proxy):
+            return "changed"
+        if decision.kind and _tried_and_failed(proxy, decision.kind):
+            # Reconcile already tried this and it failed: the proxy keeps showing why, and the
+            # next try is the operator's.
+            return "held"
+        observed = dict(decision.observed)
+        if observed:
+            observed["observed_at"] = db_now()
+            Proxy.objects.filter(pk=proxy.pk).update(**observed)
+            for name, value in observed.items():
+                setattr(proxy, name, value)
+        if decision.kind:
+            operations.proxy_converge(proxy=proxy, kind=decision.kind, reason=decision.reason)
+    return decision.name
+
+
+def _stale(snapshot: Proxy, now: Proxy) -> bool:
+    """Whether the decision taken on ``snapshot`` no longer holds for the row as it is now."""
+    if now.generation != snapshot.generation:
+        return True  # an operation started or ended since the snapshot
+    if any(getattr(now, name) != getattr(snapshot, name) for name in _INTENT):
+        return True
+    return Operation.objects.filter(proxy=now, state__in=ACTIVE_STATES).exists()
+
+
+def _tried_and_failed(proxy: Proxy, kind: str) -> bool:
+    """Whether the proxy's latest operation is this same kind, started by reconcile, and
+    failed (not superseded)."""
+    if kind in (OperationKind.CREATE, OperationKind.DELETE):
+        return False  # those latch the proxy Failed themselves when they cannot go on
+    latest = (
+        Operation.objects.filter(proxy=proxy)
+        .order_by("-created_at")
+        .values("kind", "state", "requested_via", "last_error")
+        .first()
     )
-    proxy.refresh_from_db()
-    operations.proxy_retry(proxy=proxy, via=RequestedVia.BEAT)
-    return "recreate"
+    return bool(
+        latest
+        and latest["kind"] == kind
+        and latest["state"] == OperationState.FAILED
+        and latest["requested_via"] == "beat"
+        and not str(latest["last_error"]).startswith("superseded")
+    )

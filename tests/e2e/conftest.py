@@ -196,7 +196,7 @@ def worker(
             "proxyhub",
             "worker",
             "-Q",
-            "provisioning,health",
+            "provisioning,health,control",
             "--concurrency",
             "2",
             "--without-mingle",

@@ -416,7 +416,7 @@ class Worker:
                     "proxyhub",
                     "worker",
                     "-Q",
-                    "provisioning,health",
+                    "provisioning,health,control",
                     "--concurrency",
                     str(self.concurrency),
                     "--pool",

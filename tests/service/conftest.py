@@ -40,6 +40,14 @@ print("PROBE " + json.dumps(out))
 """
 
 
+@pytest.fixture(autouse=True)
+def _installation_id_file(settings: Any, tmp_path: Path) -> None:
+    """Each test has a database of its own, so it gets its own installation identity file too
+    (services.installation writes it when a fresh database first draws its identity)."""
+    settings.PROXYHUB_INSTALLATION_ID = ""
+    settings.PROXYHUB_INSTALLATION_ID_FILE = str(tmp_path / "installation-id")
+
+
 @pytest.fixture
 def prod_env(tmp_path: Path) -> dict[str, str]:
     """The environment of a production process: DEBUG off, a real key, its own var directory."""

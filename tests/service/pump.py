@@ -1,7 +1,7 @@
 """Service-test plumbing: the in-process simulator behind every cluster, and a message pump.
 
 ``Pump`` stands in for the broker and one worker: it collects the step messages the services
-send (``provisioning.tasks.send_step``), waits out each countdown, and delivers them to the
+send (``services.dispatch.send_step``), waits out each countdown, and delivers them to the
 driver in due order, running on-commit callbacks as a committed transaction would. It is not a
 worker (the integration tier runs real ``celery`` workers over Redis); it makes service tests
 exact and fast. Use it by importing the fixtures: ``from pump import pump, sim  # noqa: F401``.
@@ -20,12 +20,31 @@ import pytest
 from django.test import TestCase
 
 from provisioning.models import Cluster, MachineType, Node, Template
-from provisioning.proxmox.api import Api
+from provisioning.proxmox.api import Api, Call
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.simulator.engine import Engine
 from provisioning.proxmox.simulator.inprocess import SimTransport
 from provisioning.services import driver
 from provisioning.services.providers import use_transport_factory
+
+Hook = Callable[[Call], None]
+
+
+class HookedTransport:
+    """The in-process transport with test hooks: ``hooks[schema_key]`` run just before a call
+    of that kind reaches the simulator (each hook runs once, first in, first out). A hook may do
+    anything an operator or another worker could do meanwhile, which is how service tests put
+    an event exactly inside a slow request (a shutdown finishing while reconcile lists)."""
+
+    def __init__(self, engine: Engine, hooks: dict[str, list[Hook]]) -> None:
+        self.inner = SimTransport(engine)
+        self.hooks = hooks
+
+    def send(self, call: Call, *, deadline: Any) -> Any:
+        pending = self.hooks.get(call.schema_key)
+        if pending:
+            pending.pop(0)(call)
+        return self.inner.send(call, deadline=deadline)
 
 
 @dataclass
@@ -34,6 +53,11 @@ class Sim:
 
     engine: Engine
     cluster: Cluster
+    hooks: dict[str, list[Hook]] = field(default_factory=dict)
+
+    def before(self, schema_key: str, hook: Hook) -> None:
+        """Run ``hook`` once, just before the next ``schema_key`` call reaches the simulator."""
+        self.hooks.setdefault(schema_key, []).append(hook)
 
     @property
     def api(self) -> Api:
@@ -72,10 +96,11 @@ def sim(settings: Any) -> Iterator[Sim]:
     """Every cluster's provider talks to one in-process simulator on a quick clock."""
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
     engine = Engine(profile="fast", time_scale=0.05)
+    hooks: dict[str, list[Hook]] = {}
     with use_transport_factory(
-        lambda config: SimTransport(engine), budgets=Budgets(poll_interval=0.02)
+        lambda config: HookedTransport(engine, hooks), budgets=Budgets(poll_interval=0.02)
     ):
-        yield Sim(engine, make_cluster())
+        yield Sim(engine, make_cluster(), hooks)
 
 
 @dataclass(order=True)
@@ -133,5 +158,5 @@ class Pump:
 @pytest.fixture
 def pump(monkeypatch: pytest.MonkeyPatch) -> Pump:
     the_pump = Pump()
-    monkeypatch.setattr("provisioning.tasks.send_step", the_pump.send)
+    monkeypatch.setattr("provisioning.services.dispatch.send_step", the_pump.send)
     return the_pump

@@ -86,7 +86,7 @@ def test_commands_are_the_documented_ones(services: dict[str, Any]) -> None:
     # --quiet: no plain-text start-up banner among the JSON log lines on stdout.
     worker = command_of(services["worker"])
     assert worker[:5] == ["celery", "-A", "proxyhub", "--quiet", "worker"]
-    assert worker[worker.index("-Q") + 1] == "provisioning,health"
+    assert worker[worker.index("-Q") + 1] == "provisioning,health,control"
     assert command_of(services["beat"])[:5] == ["celery", "-A", "proxyhub", "--quiet", "beat"]
     pvesim = command_of(services["pvesim"])
     assert pvesim[:3] == ["python", "-m", "provisioning.proxmox.simulator"]

@@ -206,7 +206,8 @@ REASONS: dict[str, tuple[Callable[[Health], object], tuple[str, str, str], str]]
         "lacks Sys.Audit on /nodes/pve1",
     ),
     "proxmox error": (
-        lambda h: h.engine.control.fail_call("GET", "/nodes/{node}/status", times=3),
+        # Every read of every node's status fails, the in-place retries included.
+        lambda h: h.engine.control.fail_call("GET", "/nodes/{node}/status", times=12),
         ("APIError",) * 3,
         "Proxmox answered 500",
     ),

@@ -72,7 +72,8 @@ def test_create_sends_its_first_step_only_after_commit(
 ) -> None:
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(
-        "provisioning.tasks.send_step", lambda op, token, countdown=0.0: sent.append((op, token))
+        "provisioning.services.dispatch.send_step",
+        lambda op, token, countdown=0.0: sent.append((op, token)),
     )
     with django_capture_on_commit_callbacks(execute=False) as callbacks:  # type: ignore[operator]
         op = operations.proxy_create(spec=_spec(sim))
@@ -194,26 +195,27 @@ def test_delete_supersedes_a_running_create(pump: Pump, sim: Sim) -> None:
 
 
 def test_one_chain_per_proxy(pump: Pump, sim: Sim) -> None:
-    """A power action asked for while the create runs waits for the create's lease."""
+    """A power action asked for while a replace runs is refused, so nothing runs between the
+    replace's steps; once the replace is done, the power action goes through."""
     _create(pump, sim)
     proxy = Proxy.objects.get()
     replace = pump.call(operations.proxy_replace, proxy=proxy)
     message = pump.queue.pop(0)
     pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
-    reboot = pump.call(operations.proxy_power, proxy=Proxy.objects.get(), action="reboot")
+    with pytest.raises(ValidationError, match="being replaced"):
+        operations.proxy_power(proxy=Proxy.objects.get(), action="reboot")
     pump.run()
     replace.refresh_from_db()
-    reboot.refresh_from_db()
     assert replace.state == OperationState.SUCCEEDED
-    assert reboot.state in (OperationState.SUCCEEDED, OperationState.FAILED)
-    # The reboot's first Proxmox call came after the replace finished.
+    reboot = pump.call(operations.proxy_power, proxy=Proxy.objects.get(), action="reboot")
+    pump.run()
+    reboot.refresh_from_db()
+    assert reboot.state == OperationState.SUCCEEDED
+    # The reboot's first Proxmox call came after the replace's start.
     calls = sim.engine.ledger.calls()
-    reboot_calls = [e for e in calls if e.key == "POST /nodes/{node}/qemu/{vmid}/status/reboot"]
-    last_replace_step = replace.steps.order_by("-seq").first()
-    assert last_replace_step is not None
-    if reboot_calls:
-        starts = [e for e in calls if e.key == "POST /nodes/{node}/qemu/{vmid}/status/start"]
-        assert max(e.seq for e in starts) < reboot_calls[0].seq
+    reboots = [e for e in calls if e.key == "POST /nodes/{node}/qemu/{vmid}/status/reboot"]
+    starts = [e for e in calls if e.key == "POST /nodes/{node}/qemu/{vmid}/status/start"]
+    assert reboots and max(e.seq for e in starts) < reboots[0].seq
 
 
 def test_replace_on_cloud_init_change_builds_a_new_vm(pump: Pump, sim: Sim) -> None:

@@ -136,7 +136,7 @@ def test_redis_and_postgres_urls_are_used_as_given(prod_env: dict[str, str]) -> 
         "REDIS_URL": "redis://:brokerpass@redis.internal:6379/2",
         "DATABASE_URL": "postgres://proxyhub:dbpass@db.internal:5432/proxyhub",
         "PROXYHUB_STEP_MAX_BACKOFF_SECONDS": "120",
-        "PROXYHUB_LEASE_SECONDS": "90",
+        "PROXYHUB_MAX_ATTEMPTS": "90",
     }
     dumped = _settings_in(env)
     assert dumped["broker_url"] == "redis://:brokerpass@redis.internal:6379/2"
@@ -145,7 +145,7 @@ def test_redis_and_postgres_urls_are_used_as_given(prod_env: dict[str, str]) -> 
     assert dumped["db"]["NAME"] == "proxyhub"
     assert dumped["db"]["OPTIONS"]["connect_timeout"] == 5
     assert dumped["knobs"]["PROXYHUB_STEP_MAX_BACKOFF_SECONDS"] == 120
-    assert dumped["knobs"]["PROXYHUB_LEASE_SECONDS"] == 90
+    assert dumped["knobs"]["PROXYHUB_MAX_ATTEMPTS"] == 90
 
 
 def test_postgresql_database_url_works(prod_env: dict[str, str], manage, probe) -> None:

@@ -1,0 +1,89 @@
+"""The journal's step rows: one row per stage of an operation, with its receipt and timings.
+
+A stage polled across many deliveries (a running Proxmox task, a boot) stays one row, updated
+until it ends; the UPID a stage submitted is on its row before any wait starts (DESIGN.md §5,
+receipts). A step whose mutation may have been applied although its answer was lost is marked
+``unknown`` until the next delivery's read-back settles it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from provisioning.models import Operation, OperationStep
+from provisioning.models.choices import StepState
+
+from .runners import Outcome
+
+
+def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
+    """Record what ``outcome`` says about the stage that ran."""
+    result = outcome.result
+    name = outcome.phase_name or result.step.removesuffix("_wait")
+    last = op.steps.order_by("-seq").first()
+    open_row = last if last is not None and last.finished_at is None else None
+    if open_row is not None and open_row.name != name:
+        open_row.finished_at = now
+        if open_row.state in (
+            StepState.RUNNING,
+            StepState.WAITING,
+            StepState.RETRYING,
+            StepState.UNKNOWN,
+        ):
+            open_row.state = StepState.SUCCEEDED
+        open_row.save(update_fields=["finished_at", "state"])
+        _record_phase(op, open_row)
+        open_row = None
+    if open_row is None:
+        open_row = OperationStep(
+            operation=op, seq=(last.seq + 1) if last else 1, name=name, started_at=now
+        )
+    if result.upid:
+        open_row.upid = result.upid
+    if result.message:
+        open_row.message = result.message
+    if result.status == "error":
+        error = result.error
+        open_row.message = str(error) if error else "failed"
+        if error is not None and error.kind == "permanent":
+            open_row.state, open_row.finished_at = StepState.FAILED, now
+        elif error is not None and error.reply_lost:
+            open_row.state = StepState.UNKNOWN
+        else:
+            open_row.state = StepState.RETRYING
+    elif result.status == "wait":
+        open_row.state = StepState.WAITING
+    elif result.status == "done" or outcome.finished:
+        open_row.state, open_row.finished_at = StepState.SUCCEEDED, now
+    else:
+        open_row.state = StepState.RUNNING
+    open_row.save()
+    if open_row.finished_at is not None:
+        _record_phase(op, open_row)
+
+
+def journal_close(op: Operation, now: datetime, *, state: str, message: str) -> None:
+    """End the operation's open row, if any (an operation that ended without running a step:
+    it gave up at its ceiling)."""
+    row = op.steps.filter(finished_at__isnull=True).order_by("-seq").first()
+    if row is None:
+        return
+    row.state, row.finished_at, row.message = state, now, message
+    row.save(update_fields=["state", "finished_at", "message"])
+
+
+def metrics_hook(name: str) -> Callable[..., None] | None:
+    """A recorder from ``proxyhub.metrics`` when the project provides it (it is optional here,
+    so the app's services stay usable from plain scripts and tests)."""
+    try:
+        from proxyhub import metrics
+    except ImportError:
+        return None
+    return getattr(metrics, name, None)
+
+
+def _record_phase(op: Operation, row: OperationStep) -> None:
+    hook = metrics_hook("record_step")
+    if hook is not None and row.duration is not None:
+        hook(str(op.kind), row.name, row.duration)

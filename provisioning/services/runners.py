@@ -1,0 +1,292 @@
+"""What one step of each kind of operation does: the bridge from the journal to the provider.
+
+Each runner takes the operation, its provider and the progress record to resume from, runs one
+stage of the provider's step machine (seed 000 entries 10 and 11, seed 001 for power) and says,
+as an ``Outcome``, what the journal and the proxy's observed fields should become. Runners never
+write: the driver persists the outcome under the operation's claim.
+
+Failures that no retry can heal are permanent here, so the operation ends and says why instead
+of retrying for ever: the operation's cluster or proxy is gone, or the proxy's cloud-init cannot
+be unsealed with the current key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from django.conf import settings
+
+from provisioning.models import Operation, Proxy
+from provisioning.models.choices import OperationKind, Phase
+from provisioning.proxmox.create import CreateRequest
+from provisioning.proxmox.delete import DeleteRequest
+from provisioning.proxmox.errors import NotFoundError, PermanentError
+from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.steps import StepResult
+from provisioning.sealing import SealError
+
+from .placement import assert_node_ready, choose_node
+from .providers import provider_for
+
+if TYPE_CHECKING:
+    from provisioning.proxmox.power import Action
+
+# After the provider reports the VM running, how long to keep polling for its address, and
+# how often (settings PROXYHUB_ADDRESS_BUDGET_SECONDS / PROXYHUB_ADDRESS_POLL_SECONDS).
+ADDRESS_BUDGET = 900.0
+ADDRESS_POLL = 3.0
+
+POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+@dataclass
+class Outcome:
+    """What one step did, in the journal's terms."""
+
+    result: StepResult
+    progress: dict[str, Any]
+    proxy: dict[str, Any] = field(default_factory=dict)  # observed fields to write
+    finished: bool = False
+    delete_proxy: bool = False
+    phase_name: str = ""  # the journal step name; defaults to the provider's stage
+
+
+def run_step(op: Operation, progress: dict[str, Any], now: datetime) -> Outcome:
+    """One step of ``op`` from ``progress`` (a copy the runner may change)."""
+    if op.cluster is None:
+        raise PermanentError(
+            "the operation's cluster no longer exists",
+            remediation="nothing is left to do on it; start a new operation if needed",
+            op=str(op.kind),
+        )
+    runner = _RUNNERS[OperationKind(op.kind)]
+    return runner(op, provider_for(op.cluster), progress, now)
+
+
+def _run_create(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    proxy = _proxy(op)
+    if progress.get("stage") == "address":
+        return _address(op, provider, progress, now)
+    record = progress.get("create") or provider.new_create_progress()
+    if "zone" not in progress:
+        if proxy.zone:
+            # The operator chose the node; still, no new VM goes to a node known not ready.
+            assert_node_ready(proxy.cluster, proxy.zone)
+        progress["zone"] = proxy.zone or choose_node(proxy.cluster, provider.config)
+    req = CreateRequest(
+        uid=str(proxy.uid),
+        vm_name=proxy.vm_name,
+        machine_type=proxy.machine_type,
+        image=proxy.image,
+        zone=progress["zone"],
+        cloud_init=_cloud_init(proxy, op),
+    )
+    result = provider.create_step(req, record)
+    progress["create"] = result.progress
+    observed: dict[str, Any] = {"phase": Phase.CREATING}
+    if result.progress.get("vmid"):
+        observed.update(vmid=result.progress["vmid"], node=result.progress.get("node") or "")
+    if result.status == "done":
+        observed.update(
+            phase=Phase.PROVISIONING,
+            provider_id=result.provider_id,
+            spec_hash=proxy.compute_spec_hash(),
+            last_error="",
+            last_error_class="",
+        )
+        progress.update(stage="address", address_since=now.timestamp())
+        # Not finished: the address stage follows, so "done" becomes "continue" here.
+        result = StepResult(
+            "continue",
+            result.progress,
+            result.step,
+            message=result.message,
+            provider_id=result.provider_id,
+        )
+    return Outcome(result, progress, observed)
+
+
+def _cloud_init(proxy: Proxy, op: Operation) -> bytes:
+    try:
+        return proxy.cloud_init
+    except SealError as err:
+        raise PermanentError(
+            f"the cloud-init of {proxy.name} cannot be unsealed: {err}",
+            remediation="put the key it was sealed with back into the settings, or set the "
+            "proxy's cloud-init again, then retry",
+            op=str(op.kind),
+        ) from None
+
+
+def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: datetime) -> Outcome:
+    """Boot to address: poll ``get`` until the guest agent reports an IPv4 (entry 7)."""
+    proxy = _proxy(op)
+    try:
+        # The node is known (the create just started the VM there): no listing per poll.
+        instance = provider.get(proxy.provider_id, node=proxy.node or None)
+    except NotFoundError:
+        # The VM vanished after it started: create it again from the lookup.
+        progress.pop("create", None)
+        progress["stage"] = "provider"
+        result = StepResult("continue", progress, "address", message="the VM vanished")
+        return Outcome(
+            result, progress, {"phase": Phase.PENDING, "provider_id": ""}, phase_name="address"
+        )
+    observed = observed_fields(instance, now)
+    if instance.state == "Running":
+        result = StepResult("done", progress, "address", message=f"address {instance.ip}")
+        return Outcome(result, progress, observed, finished=True, phase_name="address")
+    # The wait is measured on the database's clock, like every other age in the loop.
+    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
+    if waited > _setting("PROXYHUB_ADDRESS_BUDGET_SECONDS", ADDRESS_BUDGET):
+        result = StepResult(
+            "done",
+            progress,
+            "address",
+            message=f"no address after {int(waited)} s; reconcile keeps watching it",
+        )
+        return Outcome(result, progress, observed, finished=True, phase_name="address")
+    poll = _setting("PROXYHUB_ADDRESS_POLL_SECONDS", ADDRESS_POLL)
+    result = StepResult(
+        "wait",
+        progress,
+        "address",
+        delay=poll,
+        message=f"waiting for the guest agent ({instance.state})",
+    )
+    return Outcome(result, progress, observed, phase_name="address")
+
+
+def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
+    target = progress.get("target")
+    if target:
+        return DeleteRequest(
+            vm_name=target["vm_name"], uid=target.get("uid", ""), vmid=target.get("vmid")
+        )
+    proxy = _proxy(op)
+    return DeleteRequest(vm_name=proxy.vm_name, uid=str(proxy.uid), vmid=proxy.vmid)
+
+
+def _run_delete(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    if "target" not in progress:
+        progress["target"] = _target_of(op)
+    req = _delete_request(op, progress)
+    result = provider.delete_step(req, progress.get("delete") or provider.new_delete_progress())
+    progress["delete"] = result.progress
+    observed: dict[str, Any] = {"phase": Phase.DELETING} if op.proxy_id else {}
+    done = result.status == "done"
+    return Outcome(
+        result, progress, observed, finished=done, delete_proxy=done and bool(op.proxy_id)
+    )
+
+
+def _run_replace(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    """Delete the VM the proxy had when the replace was asked for, then create a new one."""
+    if progress.get("phase", "delete") == "delete":
+        if "target" not in progress:
+            progress["target"] = _target_of(op)
+        if progress["target"].get("vmid") is None and not _proxy(op).provider_id:
+            progress["phase"] = "create"
+        else:
+            req = _delete_request(op, progress)
+            result = provider.delete_step(
+                req, progress.get("delete") or provider.new_delete_progress()
+            )
+            progress["delete"] = result.progress
+            if result.status == "done":
+                progress["phase"] = "create"
+                result = StepResult(
+                    "continue", result.progress, result.step, message=result.message
+                )
+                observed = {
+                    "phase": Phase.PENDING,
+                    "provider_id": "",
+                    "vmid": None,
+                    "ip": None,
+                    "node": "",
+                }
+                return Outcome(result, progress, observed)
+            return Outcome(result, progress, {"phase": Phase.DELETING})
+    return _run_create(op, provider, progress, now)
+
+
+def _run_power(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    from provisioning.proxmox.power import PowerRequest
+
+    if progress.get("stage") == "address":
+        return _address(op, provider, progress, now)
+    proxy = _proxy(op)
+    # _RUNNERS sends only the power kinds here, and PowerRequest checks the action again.
+    action = cast("Action", str(op.kind))
+    req = PowerRequest.from_provider_id(action, proxy.provider_id, str(proxy.uid))
+    result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
+    progress["power"] = result.progress
+    observed: dict[str, Any] = {}
+    if op.kind == OperationKind.SHUTDOWN:
+        observed["phase"] = Phase.STOPPING
+    if result.status != "done":
+        return Outcome(result, progress, observed)
+    if op.kind == OperationKind.SHUTDOWN:
+        return Outcome(result, progress, {"phase": Phase.STOPPED, "ip": None}, finished=True)
+    # Started or rebooted: follow the boot to its address, as a create does.
+    progress.update(stage="address", address_since=now.timestamp())
+    result = StepResult("continue", result.progress, result.step, message=result.message)
+    return Outcome(result, progress, {"phase": Phase.PROVISIONING})
+
+
+Runner = Callable[[Operation, Provider, dict[str, Any], datetime], Outcome]
+
+_RUNNERS: dict[OperationKind, Runner] = {
+    OperationKind.CREATE: _run_create,
+    OperationKind.DELETE: _run_delete,
+    OperationKind.REPLACE: _run_replace,
+    OperationKind.START: _run_power,
+    OperationKind.SHUTDOWN: _run_power,
+    OperationKind.REBOOT: _run_power,
+}
+
+
+def _proxy(op: Operation) -> Proxy:
+    if op.proxy is None:
+        raise PermanentError(
+            "the operation's proxy no longer exists",
+            remediation="nothing is left to do for it",
+            op=str(op.kind),
+        )
+    return op.proxy
+
+
+def _target_of(op: Operation) -> dict[str, Any]:
+    proxy = _proxy(op)
+    return {"vm_name": proxy.vm_name, "uid": str(proxy.uid), "vmid": proxy.vmid}
+
+
+def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:
+    """The proxy's observed fields from a provider ``Instance`` read at ``now``."""
+    phase = {"Running": Phase.RUNNING, "Provisioning": Phase.PROVISIONING}.get(
+        instance.state, Phase.STOPPED
+    )
+    return {
+        "phase": phase,
+        "ip": instance.ip,
+        "node": instance.node,
+        "vmid": instance.vmid,
+        "provider_id": instance.provider_id,
+        "vm_created_at": instance.created_at,
+        "observed_at": now,
+    }
