@@ -5,7 +5,7 @@ parameters, an optional upload) and hands it to a ``Transport``. Two transports 
 
 * ``provisioning.proxmox.http.HttpTransport`` speaks HTTPS to a real node (or to the
   simulator's HTTPS server);
-* ``provisioning.proxmox.simulator.inprocess.SimTransport`` hands the same ``Call`` to the
+* ``pvesim.inprocess.SimTransport`` hands the same ``Call`` to the
   simulator's engine in-process, the fast fake for unit tests.
 
 Because both transports receive the very same ``Call``, what the simulator validates is

@@ -11,10 +11,10 @@ import pytest
 import requests
 from pvesim_client import SECRET, Pve, TLSFiles, make_tls_files
 
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import Engine as EngineLike
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.clock import ManualClock
+from pvesim.engine import Engine
+from pvesim.server import Engine as EngineLike
+from pvesim.server import SimServer
 
 
 @pytest.fixture(scope="session")

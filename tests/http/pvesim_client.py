@@ -16,8 +16,8 @@ import pycdlib
 import requests
 import trustme
 
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.engine import Engine
+from pvesim.server import SimServer
 
 SECRET = "3f0c9a7e-5b1d-4e2a-8c6f-9d7b1a2e4c50"
 TOKEN = f"proxyhub@pve!sim={SECRET}"

@@ -31,9 +31,9 @@ from provisioning.proxmox.errors import (
     classify,
 )
 from provisioning.proxmox.http import HttpTransport, http_api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.proxmox.tasks import wait_task
+from pvesim.engine import Engine
+from pvesim.server import SimServer
 
 pytestmark = pytest.mark.http
 

@@ -22,10 +22,10 @@ from django.test import TestCase
 from provisioning.models import Cluster, MachineType, Node, Template
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.budgets import Budgets
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
 from provisioning.services import driver
 from provisioning.services.providers import use_transport_factory
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
 
 
 @dataclass

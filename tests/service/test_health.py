@@ -42,13 +42,13 @@ from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.credentials import read_token
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import TransientError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.services import operations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.placement import choose_node
 from provisioning.services.providers import use_transport_factory
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
+from pvesim.server import SimServer
 
 pytestmark = pytest.mark.django_db
 

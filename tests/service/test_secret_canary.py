@@ -25,12 +25,12 @@ from pump import Pump
 
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.http import HttpTransport
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.services import operations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from provisioning.services.reconcile import reconcile_round
+from pvesim.engine import Engine
+from pvesim.server import SimServer
 
 pytestmark = pytest.mark.django_db
 

@@ -25,9 +25,9 @@ from provisioning.proxmox.config import MachineType, ProxmoxConfig, TemplateRef
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import ApiError
 from provisioning.proxmox.http import HttpTransport, http_api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
+from pvesim.server import SimServer
 
 SECRET = "4d7e1c0a-5b2f-4e8a-9c3d-2f1e0b9a8c7d"
 TOKEN_ID = "proxyhub@pve!sim"

@@ -23,10 +23,10 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.deadline import Cancelled, Deadline
 from provisioning.proxmox.errors import TaskFailed, TransientError, classify
 from provisioning.proxmox.http import http_api
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
 from provisioning.proxmox.tasks import parse_upid, read_task, task_log_tail, wait_task
+from pvesim.clock import ManualClock
+from pvesim.engine import Engine
+from pvesim.inprocess import sim_api
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pve"
 BASE = "https://pve.test:8006/api2/json"

@@ -12,7 +12,7 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.engine import Engine
 
 NOT_RUNNING = "QEMU guest agent is not running"
 

@@ -7,9 +7,9 @@ import re
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
-from provisioning.proxmox.simulator.profiles import PROFILES
+from pvesim.engine import Engine
+from pvesim.inprocess import sim_api
+from pvesim.profiles import PROFILES
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

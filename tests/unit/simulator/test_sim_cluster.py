@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
+from pvesim.engine import Engine
+from pvesim.inprocess import sim_api
 
 
 def test_version_names_the_emulated_release(api: Api) -> None:

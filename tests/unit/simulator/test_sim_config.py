@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.engine import Engine
 
 MAC = re.compile(r"BC:24:11(:[0-9A-F]{2}){3}")
 

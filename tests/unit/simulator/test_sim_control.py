@@ -9,8 +9,8 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
+from pvesim.engine import Engine
+from pvesim.protocol import SimRequest, SimResponse
 
 
 def _control(engine: Engine, name: str, verb: str = "POST", **args: Any) -> SimResponse:

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.defaults import add_vm
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
+from pvesim.clock import ManualClock
+from pvesim.defaults import add_vm
+from pvesim.engine import Engine
+from pvesim.protocol import SimRequest, SimResponse
 
 RECORDS = json.loads(
     (Path(__file__).parents[2] / "fixtures" / "pve" / "errors.json").read_text(encoding="utf-8")

@@ -11,8 +11,8 @@ import pytest
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.deadline import Cancelled, Deadline, DeadlineExceeded
 from provisioning.proxmox.errors import ApiError, ConnectFailed, ProxmoxError, RequestTimeout
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
 
 CLONE = "/nodes/{node}/qemu/{vmid}/clone"
 RESOURCES = "/cluster/resources"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.engine import Engine
 
 
 def test_start_runs_the_vm(api: Api, new_vm: Any, finished: Any) -> None:

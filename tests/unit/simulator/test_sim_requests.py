@@ -10,9 +10,9 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.protocol import SimRequest
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
+from pvesim.protocol import SimRequest
 
 
 def test_no_token_is_401_no_ticket_with_an_empty_body(raw: Any) -> None:

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest
+from pvesim.engine import Engine
+from pvesim.protocol import SimRequest
 
 
 def test_storage_status_reports_type_content_and_space(api: Api) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 from urllib.parse import quote
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.protocol import SimRequest
-from provisioning.proxmox.simulator.simtasks import UPID_RE
+from pvesim.engine import Engine
+from pvesim.inprocess import SimTransport
+from pvesim.protocol import SimRequest
+from pvesim.simtasks import UPID_RE
 
 
 def test_upids_follow_proxmoxs_format(api: Api, engine: Engine) -> None:

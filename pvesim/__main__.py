@@ -1,4 +1,4 @@
-"""``python -m provisioning.proxmox.simulator``: the simulator over HTTPS, without Django.
+"""``python -m pvesim``: the simulator over HTTPS, without Django.
 
 Same options as ``manage.py pvesim`` (DESIGN.md §7). When ready it prints exactly one JSON line
 to stdout (``url``, ``tokenFile``, ``caFile``, ``catalogue``) and serves until SIGINT or SIGTERM,
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_workdir: str = "va
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m provisioning.proxmox.simulator",
+        prog="python -m pvesim",
         description="A Proxmox VE API simulator over HTTPS with a generated CA.",
     )
     add_arguments(parser)

@@ -16,9 +16,10 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from ..api import Api, Call, Response
-from ..deadline import Deadline, effective
-from ..errors import ApiError, ConnectFailed, RequestTimeout
+from provisioning.proxmox.api import Api, Call, Response
+from provisioning.proxmox.deadline import Deadline, effective
+from provisioning.proxmox.errors import ApiError, ConnectFailed, RequestTimeout
+
 from .engine import API_PREFIX, Engine
 from .protocol import SimRequest, SimResponse
 
