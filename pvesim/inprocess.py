@@ -1,117 +1,78 @@
-"""The seam over the simulator, without HTTP: the fast fake for unit tests.
+"""The simulator in-process, without HTTP: one API call in, the answer out as plain data.
 
-``SimTransport`` turns a ``Call`` into exactly what the HTTPS client would put on the wire
-(``/api2/json`` + the encoded path; GET/DELETE parameters in the query, POST/PUT parameters in
-the form body, an upload as the multipart file part ``filename``; the ``PVEAPIToken`` header),
-hands it to the engine, and reads the answer the way ``HttpTransport`` does: the JSON
-envelope on 2xx, ``ApiError`` with the body's ``message`` (else the reason phrase) otherwise.
-Faults are acted out against the caller's deadline, so cancellation and expiry behave as they
-do over a socket.
+``call`` builds exactly what an HTTPS client puts on the wire for one API call (``/api2/json``
++ the encoded path; GET/DELETE parameters in the query, POST/PUT parameters in the form body, an
+upload as the multipart file part ``filename``; the ``PVEAPIToken`` header), hands it to the
+engine and returns what came back: status, reason phrase, the JSON body decoded, and what the
+HTTPS server would act out instead of a plain answer (a delay to hold, a ``reset`` or a
+``stall``).
+
+It knows no client library. A client adapts its own seam to it beside that client's tests:
+proxyhub's ``SimTransport`` is ``tests/support/simtransport.py``, which keeps pvesim free of
+any import of ``provisioning``.
 """
 
 from __future__ import annotations
 
 import json
-from http import HTTPStatus
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from provisioning.proxmox.api import Api, Call, Response
-from provisioning.proxmox.deadline import Deadline, effective
-from provisioning.proxmox.errors import ApiError, ConnectFailed, RequestTimeout
-
 from .engine import API_PREFIX, Engine
-from .protocol import SimRequest, SimResponse
+from .protocol import Fault, SimRequest
 
 
-class SimTransport:
-    """A ``provisioning.proxmox.api.Transport`` backed by an in-process ``Engine``."""
+@dataclass(frozen=True)
+class Answer:
+    """One answer as a client reads it off the wire.
 
-    def __init__(
-        self, engine: Engine, *, token: str | None = None, request_timeout: float = 30.0
-    ) -> None:
-        self.engine = engine
-        self._token = token
-        self.request_timeout = request_timeout
+    ``payload`` is the body decoded when it is JSON (the ``{"data": ...}`` envelope, or an
+    error's ``message`` and ``errors``), else ``None``; ``body`` is the raw bytes (empty for no
+    body). ``delay`` is how long the server would hold the answer back; ``fault`` is what it
+    would do to the connection instead (see ``protocol.Fault``).
+    """
 
-    @property
-    def token(self) -> str:
-        """The token sent; by default the engine's current one (as if read from its file)."""
-        return self._token if self._token is not None else self.engine.token
-
-    def request_for(self, call: Call) -> SimRequest:
-        method = call.method.upper()
-        params = dict(call.params)
-        request = SimRequest(
-            method=method,
-            path=API_PREFIX + call.url_path(),
-            headers={
-                "authorization": f"PVEAPIToken={self.token}",
-                "accept": "application/json",
-            },
-        )
-        if method in ("GET", "DELETE", "HEAD"):
-            request.query = params
-        else:
-            request.form = params
-            request.body_length = len(urlencode(list(params.items()), quote_via=quote))
-        if call.upload is not None:
-            request.files = {"filename": (call.upload.filename, call.upload.content)}
-            request.body_length += len(call.upload.content)
-        return request
-
-    def send(self, call: Call, *, deadline: Deadline | None) -> Response:
-        dl = effective(deadline)
-        dl.check()
-        answer = self.engine.handle(self.request_for(call))
-        if answer.delay > 0:
-            dl.sleep(answer.delay)
-        if answer.fault == "reset":
-            raise ConnectFailed(f"{call.method} {call.path}: connection reset by peer")
-        if answer.fault == "stall":
-            dl.sleep(dl.timeout(self.request_timeout))
-            raise RequestTimeout(
-                f"{call.method} {call.path}: no answer within {self.request_timeout:g} s"
-            )
-        return _response(answer)
+    status: int
+    reason: str
+    payload: Any
+    body: bytes
+    delay: float
+    fault: Fault | None
 
 
-def _response(answer: SimResponse) -> Response:
-    status = answer.status
+def call(
+    engine: Engine,
+    method: str,
+    path: str,
+    params: Mapping[str, Any],
+    *,
+    token: str,
+    upload: tuple[str, bytes] | None = None,
+) -> Answer:
+    """One API call: ``path`` is below ``/api2/json`` and already percent-encoded
+    (``/nodes/pve1/tasks/UPID%3A.../status``); ``upload`` is ``(filename, content)``."""
+    method = method.upper()
+    request = SimRequest(
+        method=method,
+        path=API_PREFIX + path,
+        headers={"authorization": f"PVEAPIToken={token}", "accept": "application/json"},
+    )
+    if method in ("GET", "DELETE", "HEAD"):
+        request.query = dict(params)
+    else:
+        request.form = dict(params)
+        request.body_length = len(urlencode(list(params.items()), quote_via=quote))
+    if upload is not None:
+        request.files = {"filename": upload}
+        request.body_length += len(upload[1])
+    response = engine.handle(request)
+    body = response.body or b""
     payload: Any = None
-    if answer.body and answer.content_type.startswith("application/json"):
+    if body and response.content_type.startswith("application/json"):
         try:
-            payload = json.loads(answer.body)
+            payload = json.loads(body)
         except ValueError:
             payload = None
-    if 200 <= status < 300:
-        if not isinstance(payload, dict) or "data" not in payload:
-            raise ApiError(status, "the answer is not a Proxmox JSON envelope")
-        total = payload.get("total")
-        return Response(status, payload["data"], total if isinstance(total, int) else None)
-    message = ""
-    errors: dict[str, str] = {}
-    if isinstance(payload, dict):
-        if isinstance(payload.get("message"), str):
-            message = payload["message"].rstrip("\n")
-        if isinstance(payload.get("errors"), dict):
-            errors = {str(k): str(v) for k, v in payload["errors"].items()}
-    if not message:
-        message = (answer.reason or "").strip()
-    if not message and answer.body:
-        message = answer.body.decode("utf-8", "replace").strip().splitlines()[0]
-    if not message:
-        try:
-            message = HTTPStatus(status).phrase
-        except ValueError:
-            message = f"HTTP {status}"
-    raise ApiError(status, message, errors)
-
-
-def sim_api(engine: Engine | None = None, **engine_kwargs: Any) -> tuple[Api, Engine]:
-    """An ``Api`` over a fresh (or the given) engine: ``api, engine = sim_api()``."""
-    if engine is None:
-        engine = Engine(**engine_kwargs)
-    elif engine_kwargs:
-        raise TypeError("pass either an engine or engine arguments, not both")
-    return Api(SimTransport(engine)), engine
+    return Answer(response.status, response.reason, payload, body, response.delay, response.fault)

@@ -5,8 +5,8 @@ parameters, an optional upload) and hands it to a ``Transport``. Two transports 
 
 * ``provisioning.proxmox.http.HttpTransport`` speaks HTTPS to a real node (or to the
   simulator's HTTPS server);
-* ``pvesim.inprocess.SimTransport`` hands the same ``Call`` to the
-  simulator's engine in-process, the fast fake for unit tests.
+* ``SimTransport`` (``tests/support/simtransport.py``, a test double kept out of the product)
+  hands the same ``Call`` to the simulator's engine in-process, the fast fake for unit tests.
 
 Because both transports receive the very same ``Call``, what the simulator validates is
 exactly what the client would send. Every method takes a keyword-only ``deadline``; the

@@ -25,7 +25,7 @@ from provisioning.proxmox.budgets import Budgets
 from provisioning.services import driver
 from provisioning.services.providers import use_transport_factory
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
+from tests.support.simtransport import SimTransport
 
 
 @dataclass

@@ -47,8 +47,8 @@ from provisioning.services.operations import ProxySpec
 from provisioning.services.placement import choose_node
 from provisioning.services.providers import use_transport_factory
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
 from pvesim.server import SimServer
+from tests.support.simtransport import SimTransport
 
 pytestmark = pytest.mark.django_db
 

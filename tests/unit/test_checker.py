@@ -26,8 +26,8 @@ from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import ApiError
 from provisioning.proxmox.http import HttpTransport, http_api
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
 from pvesim.server import SimServer
+from tests.support.simtransport import SimTransport
 
 SECRET = "4d7e1c0a-5b2f-4e8a-9c3d-2f1e0b9a8c7d"
 TOKEN_ID = "proxyhub@pve!sim"

@@ -26,7 +26,7 @@ from provisioning.proxmox.http import http_api
 from provisioning.proxmox.tasks import parse_upid, read_task, task_log_tail, wait_task
 from pvesim.clock import ManualClock
 from pvesim.engine import Engine
-from pvesim.inprocess import sim_api
+from tests.support.simtransport import sim_api
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pve"
 BASE = "https://pve.test:8006/api2/json"

@@ -21,7 +21,7 @@ from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.steps import Progress, StepResult
 from pvesim.clock import ManualClock
 from pvesim.engine import Engine
-from pvesim.inprocess import sim_api
+from tests.support.simtransport import sim_api
 
 INSTALLATION = "inst-test"
 GOOD_TEMPLATE = 9000

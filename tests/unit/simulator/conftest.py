@@ -20,8 +20,8 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
 from pvesim.clock import ManualClock
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport, sim_api
 from pvesim.protocol import SimRequest, SimResponse
+from tests.support.simtransport import SimTransport, sim_api
 
 SECRET = "0b7c3a52-8f0e-4c55-9d1e-6a2f4b8c9d10"
 TOKEN = f"proxyhub@pve!sim={SECRET}"

@@ -8,8 +8,8 @@ from typing import Any
 
 from provisioning.proxmox.api import Api
 from pvesim.engine import Engine
-from pvesim.inprocess import sim_api
 from pvesim.profiles import PROFILES
+from tests.support.simtransport import sim_api
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 

@@ -8,7 +8,7 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from pvesim.engine import Engine
-from pvesim.inprocess import sim_api
+from tests.support.simtransport import sim_api
 
 
 def test_version_names_the_emulated_release(api: Api) -> None:

@@ -12,7 +12,7 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.deadline import Cancelled, Deadline, DeadlineExceeded
 from provisioning.proxmox.errors import ApiError, ConnectFailed, ProxmoxError, RequestTimeout
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
+from tests.support.simtransport import SimTransport
 
 CLONE = "/nodes/{node}/qemu/{vmid}/clone"
 RESOURCES = "/cluster/resources"

@@ -11,8 +11,8 @@ import pytest
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
 from pvesim.protocol import SimRequest
+from tests.support.simtransport import SimTransport
 
 
 def test_no_token_is_401_no_ticket_with_an_empty_body(raw: Any) -> None:

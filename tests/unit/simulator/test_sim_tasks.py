@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 from provisioning.proxmox.api import Api
 from pvesim.engine import Engine
-from pvesim.inprocess import SimTransport
 from pvesim.protocol import SimRequest
 from pvesim.simtasks import UPID_RE
+from tests.support.simtransport import SimTransport
 
 
 def test_upids_follow_proxmoxs_format(api: Api, engine: Engine) -> None:
