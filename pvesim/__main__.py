@@ -66,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
     )
     # Imported here so ``--help`` works even while the engine cannot be imported.
-    from .engine import Engine
+    from .simulator import Simulator
 
     workdir = prepare_workdir(args.workdir, args.host)
-    engine = Engine(
+    engine = Simulator(
         profile=args.profile,
         time_scale=args.time_scale,
         token_id=workdir.token_id,

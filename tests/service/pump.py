@@ -24,7 +24,7 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.budgets import Budgets
 from provisioning.services import driver
 from provisioning.services.providers import use_transport_factory
-from pvesim.engine import Engine
+from pvesim.simulator import Simulator
 from tests.support.simtransport import SimTransport
 
 
@@ -32,7 +32,7 @@ from tests.support.simtransport import SimTransport
 class Sim:
     """The simulated Proxmox cluster and its catalogue row."""
 
-    engine: Engine
+    engine: Simulator
     cluster: Cluster
 
     @property
@@ -71,7 +71,7 @@ def make_cluster(
 def sim(settings: Any) -> Iterator[Sim]:
     """Every cluster's provider talks to one in-process simulator on a quick clock."""
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
-    engine = Engine(profile="fast", time_scale=0.05)
+    engine = Simulator(profile="fast", time_scale=0.05)
     with use_transport_factory(
         lambda config: SimTransport(engine), budgets=Budgets(poll_interval=0.02)
     ):

@@ -22,6 +22,7 @@ from provisioning.proxmox.errors import ApiError, ConnectFailed, RequestTimeout
 from pvesim.engine import Engine
 from pvesim.inprocess import Answer
 from pvesim.inprocess import call as sim_call
+from pvesim.simulator import Simulator
 
 
 class SimTransport:
@@ -85,10 +86,10 @@ def _response(answer: Answer) -> Response:
     raise ApiError(status, message, errors)
 
 
-def sim_api(engine: Engine | None = None, **engine_kwargs: Any) -> tuple[Api, Engine]:
-    """An ``Api`` over a fresh (or the given) engine: ``api, engine = sim_api()``."""
+def sim_api(engine: Simulator | None = None, **engine_kwargs: Any) -> tuple[Api, Simulator]:
+    """An ``Api`` over a fresh (or the given) simulator: ``api, engine = sim_api()``."""
     if engine is None:
-        engine = Engine(**engine_kwargs)
+        engine = Simulator(**engine_kwargs)
     elif engine_kwargs:
         raise TypeError("pass either an engine or engine arguments, not both")
     return Api(SimTransport(engine)), engine

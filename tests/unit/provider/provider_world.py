@@ -20,7 +20,7 @@ from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.steps import Progress, StepResult
 from pvesim.clock import ManualClock
-from pvesim.engine import Engine
+from pvesim.simulator import Simulator
 from tests.support.simtransport import sim_api
 
 INSTALLATION = "inst-test"
@@ -54,7 +54,7 @@ def catalogue(**overrides: Any) -> dict[str, Any]:
 @dataclass
 class World:
     api: Api
-    engine: Engine
+    engine: Simulator
     clock: ManualClock
     config: ProxmoxConfig
     provider: Provider
