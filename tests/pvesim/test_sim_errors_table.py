@@ -21,7 +21,7 @@ from pvesim.protocol import SimRequest, SimResponse
 from pvesim.simulator import Simulator
 
 RECORDS = json.loads(
-    (Path(__file__).parents[2] / "fixtures" / "pve" / "errors.json").read_text(encoding="utf-8")
+    (Path(__file__).parents[1] / "fixtures" / "pve" / "errors.json").read_text(encoding="utf-8")
 )
 SECRET = "5e0f1b2c-3d4e-4f50-8a6b-7c8d9e0f1a2b"
 
