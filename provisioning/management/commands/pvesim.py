@@ -8,7 +8,7 @@ This command and ``bin/run-local`` (which starts ``python -m pvesim`` as a child
 the only runtime doors from proxyhub to the simulator; the rest of ``provisioning`` never
 imports ``pvesim``. Even here the import is made inside the methods: loading a module of
 ``provisioning`` never loads the simulator, only running this command does, so the product keeps
-no module-level tie to its test double (tests/test_import_rules.py holds both rules).
+no module-level tie to its test double (tests/pvesim/test_import_rules.py holds both rules).
 """
 
 from __future__ import annotations
