@@ -55,7 +55,7 @@ run: $(STAMP)
 
 # The Proxmox simulator on its own, for poking at it with curl.
 sim: $(STAMP)
-	$(BIN)/python -m provisioning.proxmox.simulator --profile fast --workdir var/pvesim
+	$(BIN)/python -m pvesim --profile fast --workdir var/pvesim
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

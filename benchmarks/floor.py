@@ -6,7 +6,7 @@ Each proxy's create is a chain of Proxmox tasks that must run in order, then a b
     start -> boot until the guest agent reports an address
 
 ``configure`` is a synchronous config write, not a task, so it adds nothing. With the
-``fast`` profile (provisioning/proxmox/simulator/profiles.py) that chain is
+``fast`` profile (pvesim/profiles.py) that chain is
 ``C = clone + upload + task + start + boot`` = 0.3 + 0.1 + 0.1 + 0.1 + 0.6 = 1.2 s, where
 ``boot = max(agent_start, address_after)`` for a template with the agent baked in (the
 catalogue's ``debian-13``) and ``address_after + agent_install`` when vendor-data installs it.
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from provisioning.proxmox.simulator.profiles import Profile, get_profile
+from pvesim.profiles import Profile, get_profile
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """Requests per create and per delete for the bare provider over the HTTPS simulator.
 
 No Django, no worker, no journal: ``provisioning.proxmox.provider.Provider`` over the real
-``HttpTransport`` against ``python -m provisioning.proxmox.simulator --profile fast``, driven
-the blocking way (``Provider.create`` to a running VM, then ``Provider.get`` until the guest
-agent reports an address, then ``Provider.delete``). Counts come from the simulator's ledger,
-split into mutations (POST/PUT/DELETE), polls (reads repeated while a task or a boot runs:
-task status, VM status, guest agent) and other reads (listing, configs, task lists, storage).
+``HttpTransport`` against ``python -m pvesim --profile fast``, driven the blocking way
+(``Provider.create`` to a running VM, then ``Provider.get`` until the guest agent reports an
+address, then ``Provider.delete``). Counts come from the simulator's ledger, split into
+mutations (POST/PUT/DELETE), polls (reads repeated while a task or a boot runs: task status, VM
+status, guest agent) and other reads (listing, configs, task lists, storage).
 
 The create's polls depend on the poll interval (``Budgets.poll_interval``, 1 s by default,
 the setting ``PROXYHUB_POLL_INTERVAL_SECONDS`` in the service) against the profile's task

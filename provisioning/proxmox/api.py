@@ -5,8 +5,8 @@ parameters, an optional upload) and hands it to a ``Transport``. Two transports 
 
 * ``provisioning.proxmox.http.HttpTransport`` speaks HTTPS to a real node (or to the
   simulator's HTTPS server);
-* ``provisioning.proxmox.simulator.inprocess.SimTransport`` hands the same ``Call`` to the
-  simulator's engine in-process, the fast fake for unit tests.
+* ``SimTransport`` (``tests/support/simtransport.py``, a test double kept out of the product)
+  hands the same ``Call`` to the simulator's engine in-process, the fast fake for unit tests.
 
 Faults are handled where they happen (issue 16). A read (GET) that meets a transient fault of the
 infrastructure (a reset connection, a 5xx of a busy or unreachable pveproxy) is sent again at

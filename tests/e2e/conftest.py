@@ -90,13 +90,13 @@ def database_url() -> str:
 
 @pytest.fixture
 def simulator(tmp_path: Path) -> Iterator[Simulator]:
-    """``python -m provisioning.proxmox.simulator`` over HTTPS, on a free port."""
+    """``python -m pvesim`` over HTTPS, on a free port."""
     log = open(tmp_path / "simulator.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "provisioning.proxmox.simulator",
+            "pvesim",
             "--port",
             "0",
             "--profile",

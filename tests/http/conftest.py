@@ -11,10 +11,10 @@ import pytest
 import requests
 from pvesim_client import SECRET, Pve, TLSFiles, make_tls_files
 
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import Engine as EngineLike
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.clock import ManualClock
+from pvesim.server import Engine as EngineLike
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +37,8 @@ def start_server(tls_files: TLSFiles) -> Iterator[Callable[[EngineLike], SimServ
         server.stop()
 
 
-def _pve_server(profile: str, tls_files: TLSFiles) -> Iterator[tuple[SimServer, Engine]]:
-    engine = Engine(profile=profile, clock=ManualClock(), token_secret=SECRET)
+def _pve_server(profile: str, tls_files: TLSFiles) -> Iterator[tuple[SimServer, Simulator]]:
+    engine = Simulator(profile=profile, clock=ManualClock(), token_secret=SECRET)
     server = SimServer(engine, certfile=str(tls_files.cert), keyfile=str(tls_files.key))
     server.start()
     yield server, engine
@@ -46,16 +46,16 @@ def _pve_server(profile: str, tls_files: TLSFiles) -> Iterator[tuple[SimServer, 
 
 
 @pytest.fixture(scope="session")
-def instant_server(tls_files: TLSFiles) -> Iterator[tuple[SimServer, Engine]]:
+def instant_server(tls_files: TLSFiles) -> Iterator[tuple[SimServer, Simulator]]:
     yield from _pve_server("instant", tls_files)
 
 
 @pytest.fixture(scope="session")
-def fast_server(tls_files: TLSFiles) -> Iterator[tuple[SimServer, Engine]]:
+def fast_server(tls_files: TLSFiles) -> Iterator[tuple[SimServer, Simulator]]:
     yield from _pve_server("fast", tls_files)
 
 
-def _client(pair: tuple[SimServer, Engine], tls_files: TLSFiles) -> Iterator[Pve]:
+def _client(pair: tuple[SimServer, Simulator], tls_files: TLSFiles) -> Iterator[Pve]:
     server, engine = pair
     with requests.Session() as session:
         pve = Pve(server, engine, str(tls_files.ca), session)
@@ -64,12 +64,12 @@ def _client(pair: tuple[SimServer, Engine], tls_files: TLSFiles) -> Iterator[Pve
 
 
 @pytest.fixture
-def pve(instant_server: tuple[SimServer, Engine], tls_files: TLSFiles) -> Iterator[Pve]:
+def pve(instant_server: tuple[SimServer, Simulator], tls_files: TLSFiles) -> Iterator[Pve]:
     """The default cluster over HTTPS, every task done the moment it is submitted."""
     yield from _client(instant_server, tls_files)
 
 
 @pytest.fixture
-def pve_timed(fast_server: tuple[SimServer, Engine], tls_files: TLSFiles) -> Iterator[Pve]:
+def pve_timed(fast_server: tuple[SimServer, Simulator], tls_files: TLSFiles) -> Iterator[Pve]:
     """The ``fast`` profile on a manual clock: tasks take time that only the test moves."""
     yield from _client(fast_server, tls_files)

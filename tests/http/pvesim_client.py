@@ -16,8 +16,8 @@ import pycdlib
 import requests
 import trustme
 
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
 
 SECRET = "3f0c9a7e-5b1d-4e2a-8c6f-9d7b1a2e4c50"
 TOKEN = f"proxyhub@pve!sim={SECRET}"
@@ -50,7 +50,7 @@ class Pve:
     """
 
     server: SimServer
-    engine: Engine
+    engine: Simulator
     ca: str
     session: requests.Session
 

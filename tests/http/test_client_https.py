@@ -32,9 +32,9 @@ from provisioning.proxmox.errors import (
     classify,
 )
 from provisioning.proxmox.http import HttpTransport, http_api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.proxmox.tasks import wait_task
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
 
 pytestmark = pytest.mark.http
 
@@ -63,17 +63,17 @@ def ca_bundle_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def engine() -> Engine:
-    return Engine(profile="fast")
+def engine() -> Simulator:
+    return Simulator(profile="fast")
 
 
 @pytest.fixture
-def server(start_server: Callable[[Engine], SimServer], engine: Engine) -> SimServer:
+def server(start_server: Callable[[Simulator], SimServer], engine: Simulator) -> SimServer:
     return start_server(engine)
 
 
 @pytest.fixture
-def token_file(tmp_path: Path, engine: Engine) -> Path:
+def token_file(tmp_path: Path, engine: Simulator) -> Path:
     path = tmp_path / "token"
     path.write_text(engine.token + "\n")
     return path
@@ -100,14 +100,14 @@ def api(server: SimServer, token_file: Path, tls_files: Any, opened: Callable[[A
     return opened(http_api(server.url, str(token_file), ca_file=ca, request_timeout=5.0))
 
 
-def api_calls(engine: Engine) -> list[dict[str, object]]:
+def api_calls(engine: Simulator) -> list[dict[str, object]]:
     return [c for c in engine.control.ledger() if c.get("key")]
 
 
 # --- TLS ------------------------------------------------------------------------------------
 
 
-def test_client_verifies_with_the_simulator_ca(api: Api, engine: Engine) -> None:
+def test_client_verifies_with_the_simulator_ca(api: Api, engine: Simulator) -> None:
     assert api.version()["release"]
     assert [n["node"] for n in api.nodes()] == engine.node_names()
 
@@ -116,7 +116,7 @@ def test_client_x509_failure_is_permanent(
     server: SimServer,
     token_file: Path,
     tmp_path: Path,
-    engine: Engine,
+    engine: Simulator,
     opened: Callable[[Api], Api],
 ) -> None:
     other = tmp_path / "other-ca.pem"
@@ -157,7 +157,7 @@ def test_insecure_works_and_warns_once(
 # --- the token ------------------------------------------------------------------------------
 
 
-def test_token_rotation_needs_no_restart(api: Api, engine: Engine, token_file: Path) -> None:
+def test_token_rotation_needs_no_restart(api: Api, engine: Simulator, token_file: Path) -> None:
     assert api.version()
     engine.set_token_secret(NEW_SECRET)  # rotated on Proxmox, the file not updated yet
     with pytest.raises(ApiError) as raised:
@@ -168,7 +168,7 @@ def test_token_rotation_needs_no_restart(api: Api, engine: Engine, token_file: P
     assert api.version()  # the same client, the next request: the new token
 
 
-def test_missing_token_file_sends_nothing(api: Api, engine: Engine, token_file: Path) -> None:
+def test_missing_token_file_sends_nothing(api: Api, engine: Simulator, token_file: Path) -> None:
     token_file.unlink()
     with pytest.raises(Exception) as raised:
         api.version()
@@ -179,7 +179,7 @@ def test_missing_token_file_sends_nothing(api: Api, engine: Engine, token_file: 
 # --- what the simulator (strict like Proxmox) accepts ---------------------------------------
 
 
-def test_upload_destroy_and_task_paths_are_accepted(api: Api, engine: Engine) -> None:
+def test_upload_destroy_and_task_paths_are_accepted(api: Api, engine: Simulator) -> None:
     """Multipart order, DELETE options in the query, UPIDs and volids in paths (§1.1, §7.7)."""
     seed = b"\x00" * 32768 + b"CD001" + b"\x00" * 2043
     upid = api.upload_iso("pve1", "proxy-seeds", filename="proxy-a-seed.iso", content=seed)
@@ -198,7 +198,7 @@ def test_upload_destroy_and_task_paths_are_accepted(api: Api, engine: Engine) ->
     assert [d["status"] for d in destroys] == [200]
 
 
-def test_offline_node_is_595_and_transient(api: Api, engine: Engine) -> None:
+def test_offline_node_is_595_and_transient(api: Api, engine: Simulator) -> None:
     engine.control.node_offline("pve3")
     with pytest.raises(ApiError) as raised:
         api.vm_status("pve3", 102)
@@ -206,7 +206,7 @@ def test_offline_node_is_595_and_transient(api: Api, engine: Engine) -> None:
     assert type(classify("get", raised.value)) is TransientError
 
 
-def test_connection_reset_is_connect_failed(api: Api, engine: Engine) -> None:
+def test_connection_reset_is_connect_failed(api: Api, engine: Simulator) -> None:
     engine.control.fail_call("POST", "/nodes/{node}/qemu/{vmid}/status/start", kind="reset")
     # A mutation's reset connection loses its reply: the start may or may not have happened.
     with pytest.raises(ReplyLost) as raised:
@@ -218,7 +218,7 @@ def test_connection_reset_is_connect_failed(api: Api, engine: Engine) -> None:
 # --- cancellation and deadlines -------------------------------------------------------------
 
 
-def test_client_cancelled_returns_promptly(api: Api, engine: Engine) -> None:
+def test_client_cancelled_returns_promptly(api: Api, engine: Simulator) -> None:
     engine.control.fail_call("GET", "/version", kind="stall")
     deadline = Deadline(60)
     cancelled_at: list[float] = []
@@ -235,7 +235,7 @@ def test_client_cancelled_returns_promptly(api: Api, engine: Engine) -> None:
     assert api.node_status("pve1")
 
 
-def test_expired_deadline_returns_promptly(api: Api, engine: Engine) -> None:
+def test_expired_deadline_returns_promptly(api: Api, engine: Simulator) -> None:
     engine.control.fail_call("GET", "/version", kind="stall")
     started = time.monotonic()
     with pytest.raises((DeadlineExceeded, RequestTimeout)) as raised:

@@ -1,8 +1,8 @@
 """The simulator's HTTPS front end: what a client sees on the wire.
 
 Most tests put a small fake engine behind ``SimServer`` so each one controls exactly what the
-engine answers; the last ones run ``python -m provisioning.proxmox.simulator`` as a real
-process, the way an operator or ``make sim`` starts it.
+engine answers; the last ones run ``python -m pvesim`` as a real process, the way an operator
+or ``make sim`` starts it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import pytest
 import requests
 import yaml
 
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.protocol import SimRequest, SimResponse
+from pvesim.server import SimServer
 
 pytestmark = pytest.mark.http
 
@@ -341,7 +341,7 @@ def test_port_zero_picks_a_free_port(server: SimServer) -> None:
     assert server.url == f"https://127.0.0.1:{server.port}"
 
 
-# --- the command line: python -m provisioning.proxmox.simulator ------------------------------
+# --- the command line: python -m pvesim -----------------------------------------------------------
 
 
 @pytest.fixture
@@ -352,7 +352,7 @@ def simulator(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str,
         [
             sys.executable,
             "-m",
-            "provisioning.proxmox.simulator",
+            "pvesim",
             "--port",
             "0",
             "--profile",

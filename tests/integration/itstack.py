@@ -1,6 +1,6 @@
 """The integration tier's stack: real processes wired the way a team deployment wires them.
 
-* the HTTPS simulator as a subprocess (``python -m provisioning.proxmox.simulator``), read
+* the HTTPS simulator as a subprocess (``python -m pvesim``), read
   through Proxmox's own API with the token it wrote, and through its ``/_sim`` control surface
   for the ledger (every count in this tier comes from there, never from proxyhub's database);
 * a PostgreSQL database of its own (``proxyhub_it_<pid>``), migrated by ``manage.py migrate``;
@@ -187,14 +187,14 @@ class Simulator:
 def start_simulator(
     workdir: Path, *, profile: str = "fast", time_scale: float = 1.0, log: Path
 ) -> Simulator:
-    """Start ``python -m provisioning.proxmox.simulator --port 0`` and read its ready line."""
+    """Start ``python -m pvesim --port 0`` and read its ready line."""
     workdir.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as errors:
         process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "provisioning.proxmox.simulator",
+                "pvesim",
                 "--port",
                 "0",
                 "--profile",

@@ -15,7 +15,7 @@ from itstack import CLONE, START, STOP, Stack, Worker, wait_until
 
 pytestmark = pytest.mark.integration
 
-# The simulator's default guests (provisioning/proxmox/simulator/defaults.py) that are not ours.
+# The simulator's default guests (pvesim/defaults.py) that are not ours.
 DEFAULT_VMS = {9000, 9001, 9002, 100, 101, 102}
 
 

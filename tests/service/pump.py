@@ -22,10 +22,10 @@ from django.test import TestCase
 from provisioning.models import Cluster, MachineType, Node, Template
 from provisioning.proxmox.api import Api, Call
 from provisioning.proxmox.budgets import Budgets
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
 from provisioning.services import driver
 from provisioning.services.providers import use_transport_factory
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport
 
 Hook = Callable[[Call], None]
 
@@ -36,7 +36,7 @@ class HookedTransport:
     anything an operator or another worker could do meanwhile, which is how service tests put
     an event exactly inside a slow request (a shutdown finishing while reconcile lists)."""
 
-    def __init__(self, engine: Engine, hooks: dict[str, list[Hook]]) -> None:
+    def __init__(self, engine: Simulator, hooks: dict[str, list[Hook]]) -> None:
         self.inner = SimTransport(engine)
         self.hooks = hooks
 
@@ -51,7 +51,7 @@ class HookedTransport:
 class Sim:
     """The simulated Proxmox cluster and its catalogue row."""
 
-    engine: Engine
+    engine: Simulator
     cluster: Cluster
     hooks: dict[str, list[Hook]] = field(default_factory=dict)
 
@@ -95,7 +95,7 @@ def make_cluster(
 def sim(settings: Any) -> Iterator[Sim]:
     """Every cluster's provider talks to one in-process simulator on a quick clock."""
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
-    engine = Engine(profile="fast", time_scale=0.05)
+    engine = Simulator(profile="fast", time_scale=0.05)
     hooks: dict[str, list[Hook]] = {}
     with use_transport_factory(
         lambda config: HookedTransport(engine, hooks), budgets=Budgets(poll_interval=0.02)

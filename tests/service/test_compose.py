@@ -89,7 +89,7 @@ def test_commands_are_the_documented_ones(services: dict[str, Any]) -> None:
     assert worker[worker.index("-Q") + 1] == "provisioning,health,control"
     assert command_of(services["beat"])[:5] == ["celery", "-A", "proxyhub", "--quiet", "beat"]
     pvesim = command_of(services["pvesim"])
-    assert pvesim[:3] == ["python", "-m", "provisioning.proxmox.simulator"]
+    assert pvesim[:3] == ["python", "-m", "pvesim"]
     assert pvesim[pvesim.index("--port") + 1] == "8006"
     assert command_of(services["pvesim-import"]) == [
         "python",

@@ -42,13 +42,13 @@ from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.credentials import read_token
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import TransientError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.services import operations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.placement import choose_node
 from provisioning.services.providers import use_transport_factory
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +64,7 @@ class FileTokenTransport(SimTransport):
     """The simulator behind a transport that reads the cluster's token file on every request,
     as ``HttpTransport`` does, with an optional hook to hold requests back."""
 
-    def __init__(self, engine: Engine, cluster: str, token_file: str, hooks: list[Hook]) -> None:
+    def __init__(self, engine: Simulator, cluster: str, token_file: str, hooks: list[Hook]) -> None:
         super().__init__(engine)
         self.cluster = cluster
         self.token_file = token_file
@@ -88,7 +88,7 @@ class Health:
     hooks: list[Hook] = field(default_factory=list)
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> Simulator:
         return self.sim.engine
 
     def write_token(self, secret: str | None = None) -> None:
@@ -339,7 +339,7 @@ def test_a_foreign_ca_is_certificate_invalid_over_https(tmp_path: Path) -> None:
     leaf.private_key_pem.write_to_path(str(key))
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     foreign.cert_pem.write_to_path(str(tmp_path / "foreign.pem"))
-    engine = Engine(profile="instant", token_secret=CANARY)
+    engine = Simulator(profile="instant", token_secret=CANARY)
     (tmp_path / "token").write_text(engine.token + "\n")
 
     with SimServer(engine, certfile=str(cert), keyfile=str(key)) as server:

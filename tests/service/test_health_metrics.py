@@ -17,8 +17,8 @@ from provisioning.models import Proxy
 from provisioning.models.choices import Phase
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError, ConnectFailed
-from provisioning.proxmox.simulator.inprocess import sim_api
 from proxyhub.metrics import CountSpec, DatabaseCountCollector, record_step
+from tests.support.simtransport import sim_api
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -204,7 +204,7 @@ _WORKER = """
 import logging
 import django
 django.setup()
-from provisioning.proxmox.simulator.inprocess import sim_api
+from tests.support.simtransport import sim_api
 from proxyhub.metrics import record_step
 api, _ = sim_api(profile="instant")
 api.version()

@@ -1,9 +1,10 @@
 """``make run`` (bin/run-local): the order of the steps, the admin login, and stopping everything.
 
 The script runs here against a stand-in repository: the real ``bin/run-local`` and the real
-simulator (``provisioning`` linked in), but a ``manage.py`` that records what it was asked and a
-``Procfile.local`` of small stand-in processes. That keeps the test to seconds and independent of
-the Django project, while everything the script itself does (children, signals, files) is real.
+simulator (``pvesim`` linked in, and nothing of ``provisioning``), but a ``manage.py`` that
+records what it was asked and a ``Procfile.local`` of small stand-in processes. That keeps the
+test to seconds and independent of the Django project, while everything the script itself does
+(children, signals, files) is real.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def fake_repo(tmp_path: Path) -> Path:
     (tmp_path / "bin").mkdir()
     shutil.copy2(REPO / "bin" / "run-local", tmp_path / "bin" / "run-local")
-    (tmp_path / "provisioning").symlink_to(REPO / "provisioning")
+    (tmp_path / "pvesim").symlink_to(REPO / "pvesim")
     (tmp_path / "manage.py").write_text(FAKE_MANAGE)
     (tmp_path / "Procfile.local").write_text(FAKE_PROCFILE)
     (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)

@@ -25,12 +25,12 @@ from pump import Pump
 
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.http import HttpTransport
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.server import SimServer
 from provisioning.services import operations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from provisioning.services.reconcile import reconcile_round
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +40,7 @@ CA_MARKER_LINES = 3  # lines of the CA's base64 body searched for
 
 
 @pytest.fixture
-def https_cluster(tmp_path: Path, settings: Any) -> Iterator[tuple[Engine, Cluster, str]]:
+def https_cluster(tmp_path: Path, settings: Any) -> Iterator[tuple[Simulator, Cluster, str]]:
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
     settings.PROXYHUB_POLL_INTERVAL_SECONDS = 0.02
     ca = trustme.CA()
@@ -49,7 +49,7 @@ def https_cluster(tmp_path: Path, settings: Any) -> Iterator[tuple[Engine, Clust
     ca.cert_pem.write_to_path(str(ca_file))
     cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
     leaf.private_key_pem.write_to_path(str(key))
-    engine = Engine(profile="fast", time_scale=0.05, token_secret=TOKEN_SECRET)
+    engine = Simulator(profile="fast", time_scale=0.05, token_secret=TOKEN_SECRET)
     token_file = tmp_path / "token"
     token_file.write_text(engine.token + "\n")
     server = SimServer(engine, certfile=str(cert), keyfile=str(key)).start()
@@ -89,7 +89,7 @@ def _database_dump() -> str:
 
 def test_no_secret_leaves_its_place(
     pump: Pump,
-    https_cluster: tuple[Engine, Cluster, str],
+    https_cluster: tuple[Simulator, Cluster, str],
     caplog: pytest.LogCaptureFixture,
     client: Any,
     settings: Any,

@@ -17,7 +17,7 @@ import pytest
 
 from provisioning.proxmox.api import Api, Call, Response
 from provisioning.proxmox.deadline import Deadline
-from provisioning.proxmox.simulator.schema import DATA_DIR, Schema
+from pvesim.schema import DATA_DIR, Schema
 
 OFFICIAL = Path("/work/shared/pve-reference/schema/endpoints.json")
 UPID = "UPID:pve1:001F3A2C:0A1B2C3D:6968BAA0:qmclone:9000:proxyhub@pve!sim:"

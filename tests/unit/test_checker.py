@@ -25,9 +25,9 @@ from provisioning.proxmox.config import MachineType, ProxmoxConfig, TemplateRef
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import ApiError
 from provisioning.proxmox.http import HttpTransport, http_api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.server import SimServer
+from pvesim.server import SimServer
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport
 
 SECRET = "4d7e1c0a-5b2f-4e8a-9c3d-2f1e0b9a8c7d"
 TOKEN_ID = "proxyhub@pve!sim"
@@ -35,9 +35,9 @@ GOOD_TEMPLATE = 9000  # the simulator's default good template (simulator/default
 
 
 @pytest.fixture
-def engine() -> Engine:
+def engine() -> Simulator:
     # Real clock: stalls and deadlines are real waits, kept to fractions of a second.
-    return Engine(profile="instant", token_secret=SECRET)
+    return Simulator(profile="instant", token_secret=SECRET)
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def _inactive_storage(call: Call, response: Response) -> Response:
 class Row:
     reason: str
     says: str  # a fragment of the message the operator reads
-    arrange: Callable[[Engine], None] = lambda engine: None
+    arrange: Callable[[Simulator], None] = lambda engine: None
     nodes: tuple[str, ...] = ("pve1",)
     templates: dict[str, int] | None = None
     iso_storage: str = "proxy-seeds"
@@ -106,15 +106,15 @@ class Row:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def _drop_storage(node: str) -> Callable[[Engine], None]:
-    def arrange(engine: Engine) -> None:
+def _drop_storage(node: str) -> Callable[[Simulator], None]:
+    def arrange(engine: Simulator) -> None:
         with engine.lock:
             engine.cluster.nodes[node].storages.pop("proxy-seeds")
 
     return arrange
 
 
-def _iso_content_removed(engine: Engine) -> None:
+def _iso_content_removed(engine: Simulator) -> None:
     with engine.lock:
         engine.cluster.nodes["pve1"].storages["proxy-seeds"].content = ("images",)
 
@@ -234,7 +234,7 @@ ROWS: dict[str, Row] = {
 }
 
 
-def _run(engine: Engine, token_file: Path, row: Row) -> NodeCheck:
+def _run(engine: Simulator, token_file: Path, row: Row) -> NodeCheck:
     row.arrange(engine)
     transport: Transport = SimTransport(
         engine, token=row.token, request_timeout=row.request_timeout
@@ -251,7 +251,7 @@ def _run(engine: Engine, token_file: Path, row: Row) -> NodeCheck:
 
 @pytest.mark.parametrize("case", list(ROWS), ids=list(ROWS))
 def test_check_reasons_table(
-    case: str, engine: Engine, token_file: Path, caplog: pytest.LogCaptureFixture
+    case: str, engine: Simulator, token_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     row = ROWS[case]
     caplog.set_level(logging.DEBUG)
@@ -268,7 +268,7 @@ def test_check_reasons_table(
     assert SECRET not in caplog.text
 
 
-def test_a_reachable_node_reports_every_detail(engine: Engine, token_file: Path) -> None:
+def test_a_reachable_node_reports_every_detail(engine: Simulator, token_file: Path) -> None:
     result = _run(engine, token_file, ROWS["reachable"])
     assert set(result.details) == {
         "pveVersion",
@@ -295,7 +295,7 @@ def test_a_reachable_node_reports_every_detail(engine: Engine, token_file: Path)
     ],
 )
 def test_credentials_unavailable_without_a_request(
-    content: str | None, says: str, engine: Engine, tmp_path: Path
+    content: str | None, says: str, engine: Simulator, tmp_path: Path
 ) -> None:
     path = tmp_path / "token"
     if content is not None:
@@ -311,7 +311,7 @@ def test_credentials_unavailable_without_a_request(
     assert engine.control.ledger() == []
 
 
-def test_a_secret_echoed_by_the_server_is_blanked(engine: Engine, token_file: Path) -> None:
+def test_a_secret_echoed_by_the_server_is_blanked(engine: Simulator, token_file: Path) -> None:
     # A misbehaving proxy in front of Proxmox echoing the Authorization header (entry 14).
     def echo(call: Call) -> None:
         raise ApiError(401, f"bad header PVEAPIToken={TOKEN_ID}={SECRET}")
@@ -323,7 +323,7 @@ def test_a_secret_echoed_by_the_server_is_blanked(engine: Engine, token_file: Pa
     assert "<redacted>" in result.message
 
 
-def test_check_one_entry_per_node_in_config_order(engine: Engine, token_file: Path) -> None:
+def test_check_one_entry_per_node_in_config_order(engine: Simulator, token_file: Path) -> None:
     # The first configured node answers last; the order of results must not care.
     def slow_first(call: Call) -> None:
         if call.path_params.get("node") == "pve2":
@@ -343,7 +343,7 @@ def test_check_one_entry_per_node_in_config_order(engine: Engine, token_file: Pa
     assert check(api, _config(token_file, nodes=())) == []
 
 
-def test_nodes_are_checked_concurrently(engine: Engine, token_file: Path) -> None:
+def test_nodes_are_checked_concurrently(engine: Simulator, token_file: Path) -> None:
     # Every node's status request waits for the other two: only a concurrent check passes.
     barrier = threading.Barrier(3, timeout=5)
 
@@ -358,7 +358,7 @@ def test_nodes_are_checked_concurrently(engine: Engine, token_file: Path) -> Non
 
 @pytest.mark.parametrize("how", ["expired", "cancelled"])
 def test_check_expired_deadline_returns_promptly(
-    how: str, engine: Engine, token_file: Path
+    how: str, engine: Simulator, token_file: Path
 ) -> None:
     deadline = Deadline(0) if how == "expired" else Deadline(60)
     if how == "cancelled":
@@ -375,7 +375,7 @@ def test_check_expired_deadline_returns_promptly(
 
 
 @pytest.fixture
-def stalled(engine: Engine) -> Iterator[Api]:
+def stalled(engine: Simulator) -> Iterator[Api]:
     # Every node status stalls far longer than the test waits.
     engine.control.fail_call("GET", "/nodes/{node}/status", kind="stall", times=100)
     yield Api(SimTransport(engine, request_timeout=600))
@@ -408,7 +408,7 @@ def test_a_round_whose_deadline_expires_mid_flight(stalled: Api, token_file: Pat
 
 
 def _http_check(
-    token_file: Path, url: str, ca_file: str | None, engine: Engine | None = None
+    token_file: Path, url: str, ca_file: str | None, engine: Simulator | None = None
 ) -> list[NodeCheck]:
     config = _config(token_file, nodes=("pve1", "pve2"), url=url, ca_file=ca_file)
     api = http_api(url, str(token_file), ca_file=ca_file, request_timeout=5, connect_timeout=5)
@@ -440,7 +440,7 @@ def test_ca_file_without_a_certificate_is_certificate_invalid(
 
 
 @pytest.fixture
-def https_sim(engine: Engine, tmp_path: Path) -> Iterator[tuple[SimServer, Path]]:
+def https_sim(engine: Simulator, tmp_path: Path) -> Iterator[tuple[SimServer, Path]]:
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     cert, key, ca_path = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"

@@ -23,10 +23,10 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.deadline import Cancelled, Deadline
 from provisioning.proxmox.errors import TaskFailed, TransientError, classify
 from provisioning.proxmox.http import http_api
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
 from provisioning.proxmox.tasks import parse_upid, read_task, task_log_tail, wait_task
+from pvesim.clock import ManualClock
+from pvesim.simulator import Simulator
+from tests.support.simtransport import sim_api
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pve"
 BASE = "https://pve.test:8006/api2/json"
@@ -126,11 +126,11 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def sim(clock: ManualClock) -> tuple[Api, Engine]:
+def sim(clock: ManualClock) -> tuple[Api, Simulator]:
     return sim_api(profile="fast", clock=clock)
 
 
-def test_a_submitted_clone_reads_running_then_ok(sim: tuple[Api, Engine]) -> None:
+def test_a_submitted_clone_reads_running_then_ok(sim: tuple[Api, Simulator]) -> None:
     api, engine = sim
     upid = api.clone("pve1", 9000, newid=100042, name="proxy-a")
     assert parse_upid(upid).type == "qmclone"
@@ -143,7 +143,7 @@ def test_a_submitted_clone_reads_running_then_ok(sim: tuple[Api, Engine]) -> Non
     assert len(engine.control.ledger(key="POST /nodes/{node}/qemu/{vmid}/clone")) == 1
 
 
-def test_a_failed_task_reads_failed_with_proxmox_text(sim: tuple[Api, Engine]) -> None:
+def test_a_failed_task_reads_failed_with_proxmox_text(sim: tuple[Api, Simulator]) -> None:
     api, engine = sim
     engine.control.fail_next_task("qmclone", "lvcreate 'pve/vm-100042-disk-0' error")
     upid = api.clone("pve1", 9000, newid=100042, name="proxy-a")
@@ -155,7 +155,7 @@ def test_a_failed_task_reads_failed_with_proxmox_text(sim: tuple[Api, Engine]) -
 
 
 def test_a_task_with_warnings_is_a_success(
-    sim: tuple[Api, Engine], caplog: pytest.LogCaptureFixture
+    sim: tuple[Api, Simulator], caplog: pytest.LogCaptureFixture
 ) -> None:
     api, engine = sim
     engine.control.pause_vm(100)  # a forced shutdown of a paused VM stops it with a warning
@@ -168,7 +168,7 @@ def test_a_task_with_warnings_is_a_success(
     assert any(r.getMessage() == "proxmox task finished with warnings" for r in caplog.records)
 
 
-def test_wait_task_on_the_simulator_returns_when_the_task_ends(sim: tuple[Api, Engine]) -> None:
+def test_wait_task_on_the_simulator_returns_when_the_task_ends(sim: tuple[Api, Simulator]) -> None:
     api, engine = sim
     upid = api.clone("pve1", 9000, newid=100043, name="proxy-b")
     # Time moves on Proxmox while the wait polls.

@@ -1,8 +1,14 @@
 """``manage.py pvesim``: the Proxmox VE simulator under manage.py (DESIGN.md §7, §7a).
 
-The same program as ``python -m provisioning.proxmox.simulator``, whose ``main`` this calls,
-so the two can never drift apart. When ready it prints exactly one JSON line to stdout
-(``url``, ``tokenFile``, ``caFile``, ``catalogue``) and serves until SIGINT or SIGTERM.
+The same program as ``python -m pvesim``, whose ``main`` this calls, so the two can never drift
+apart. When ready it prints exactly one JSON line to stdout (``url``, ``tokenFile``, ``caFile``,
+``catalogue``) and serves until SIGINT or SIGTERM.
+
+This command and ``bin/run-local`` (which starts ``python -m pvesim`` as a child process) are
+the only runtime doors from proxyhub to the simulator; the rest of ``provisioning`` never
+imports ``pvesim``. Even here the import is made inside the methods: loading a module of
+``provisioning`` never loads the simulator, only running this command does, so the product keeps
+no module-level tie to its test double (tests/pvesim/test_import_rules.py holds both rules).
 """
 
 from __future__ import annotations
@@ -13,9 +19,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-
-from provisioning.proxmox.simulator.__main__ import add_arguments as add_simulator_arguments
-from provisioning.proxmox.simulator.__main__ import main as simulator_main
 
 
 class Command(BaseCommand):
@@ -29,7 +32,9 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        add_simulator_arguments(parser, default_workdir=str(settings.VAR_DIR / "pvesim"))
+        from pvesim.__main__ import add_arguments
+
+        add_arguments(parser, default_workdir=str(settings.VAR_DIR / "pvesim"))
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["time_scale"] < 0:
@@ -56,6 +61,8 @@ class Command(BaseCommand):
             "--log-level",
             options["log_level"],
         ]
-        code = simulator_main(argv)
+        from pvesim.__main__ import main
+
+        code = main(argv)
         if code:
             raise CommandError(f"the simulator exited with status {code}", returncode=code)

@@ -18,10 +18,10 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.provider import Provider
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
 from provisioning.proxmox.steps import Progress, StepResult
+from pvesim.clock import ManualClock
+from pvesim.simulator import Simulator
+from tests.support.simtransport import sim_api
 
 INSTALLATION = "inst-test"
 GOOD_TEMPLATE = 9000
@@ -54,7 +54,7 @@ def catalogue(**overrides: Any) -> dict[str, Any]:
 @dataclass
 class World:
     api: Api
-    engine: Engine
+    engine: Simulator
     clock: ManualClock
     config: ProxmoxConfig
     provider: Provider

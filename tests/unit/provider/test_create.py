@@ -20,7 +20,7 @@ from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.seed import build_seed_iso, seed_volid
-from provisioning.proxmox.simulator.inprocess import sim_api
+from tests.support.simtransport import sim_api
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
 START = "POST /nodes/{node}/qemu/{vmid}/status/start"

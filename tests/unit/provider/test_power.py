@@ -21,8 +21,8 @@ from provisioning.proxmox.errors import NotFoundError, PermanentError, Transient
 from provisioning.proxmox.marks import render_mark
 from provisioning.proxmox.power import PowerRequest
 from provisioning.proxmox.provider import Provider
-from provisioning.proxmox.simulator.inprocess import sim_api
 from provisioning.proxmox.steps import StepResult
+from tests.support.simtransport import sim_api
 
 POWER = "POST /nodes/{node}/qemu/{vmid}/status/"
 START, SHUTDOWN, REBOOT, STOP = (POWER + a for a in ("start", "shutdown", "reboot", "stop"))

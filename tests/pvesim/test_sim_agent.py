@@ -12,7 +12,7 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.simulator import Simulator
 
 NOT_RUNNING = "QEMU guest agent is not running"
 
@@ -38,7 +38,7 @@ def _start_clone(timed: Any, template: int, vmid: int, **config: Any) -> None:
     assert timed.wait(api.start("pve1", vmid))["exitstatus"] == "OK"
 
 
-def test_no_agent_key_is_no_qemu_guest_agent_configured(engine: Engine, api: Api) -> None:
+def test_no_agent_key_is_no_qemu_guest_agent_configured(engine: Simulator, api: Api) -> None:
     engine.control.remove_agent(100)
     assert _agent_message(api, "pve1", 100) == "No QEMU guest agent configured"
 
@@ -53,7 +53,7 @@ def test_a_missing_vm(api: Api) -> None:
     )
 
 
-def test_a_running_vm_with_a_baked_agent_reports_lo_and_eth0(engine: Engine, api: Api) -> None:
+def test_a_running_vm_with_a_baked_agent_reports_lo_and_eth0(engine: Simulator, api: Api) -> None:
     interfaces = api.agent_network_interfaces("pve1", 100)
     assert [i["name"] for i in interfaces] == ["lo", "eth0"]
     mac = api.vm_config("pve1", 100)["net0"].split(",")[0].split("=")[1]
@@ -112,7 +112,7 @@ def test_a_seed_without_vendor_data_gives_no_agent(timed: Any, seed_iso: Any) ->
 
 
 def test_vendor_data_as_mime_multipart_with_base64_parts(
-    engine: Engine, api: Api, new_vm: Any, seed_iso: Any, exitstatus: Any
+    engine: Simulator, api: Api, new_vm: Any, seed_iso: Any, exitstatus: Any
 ) -> None:
     message = MIMEMultipart("mixed")
     message.attach(MIMEText("#!/bin/sh\necho operator vendor data\n", "x-shellscript"))
@@ -148,7 +148,7 @@ def test_addresses_are_stable_per_vm(api: Api, new_vm: Any, exitstatus: Any) -> 
 
 
 def test_a_paused_vm_or_a_disabled_agent_does_not_answer(
-    engine: Engine, api: Api, new_vm: Any, exitstatus: Any
+    engine: Simulator, api: Api, new_vm: Any, exitstatus: Any
 ) -> None:
     engine.control.pause_vm(100)
     assert _agent_message(api, "pve1", 100) == NOT_RUNNING

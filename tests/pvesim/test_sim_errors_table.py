@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.defaults import add_vm
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
+from pvesim.clock import ManualClock
+from pvesim.defaults import add_vm
+from pvesim.protocol import SimRequest, SimResponse
+from pvesim.simulator import Simulator
 
 RECORDS = json.loads(
-    (Path(__file__).parents[2] / "fixtures" / "pve" / "errors.json").read_text(encoding="utf-8")
+    (Path(__file__).parents[1] / "fixtures" / "pve" / "errors.json").read_text(encoding="utf-8")
 )
 SECRET = "5e0f1b2c-3d4e-4f50-8a6b-7c8d9e0f1a2b"
 
@@ -36,9 +36,9 @@ NOT_MODELLED = {
 }
 
 
-def _engine() -> Engine:
+def _engine() -> Simulator:
     """The reference's example cluster on top of the default state."""
-    engine = Engine(profile="fast", clock=ManualClock(), token_secret=SECRET)
+    engine = Simulator(profile="fast", clock=ManualClock(), token_secret=SECRET)
     cluster, now = engine.cluster, engine.now()
     add_vm(cluster, 123, "proxy-fra-123", "pve1", running=True, uptime=0, now=now)
     add_vm(cluster, 124, "proxy-fra-124", "pve1", now=now)
@@ -48,7 +48,7 @@ def _engine() -> Engine:
 
 
 def _send(
-    engine: Engine,
+    engine: Simulator,
     method: str,
     path: str,
     *,
@@ -65,56 +65,56 @@ def _send(
     return engine.handle(request)
 
 
-def _clone(params: dict[str, str], vmid: int = 9000) -> Callable[[Engine], SimResponse]:
+def _clone(params: dict[str, str], vmid: int = 9000) -> Callable[[Simulator], SimResponse]:
     return lambda e: _send(e, "POST", f"/api2/json/nodes/pve1/qemu/{vmid}/clone", params=params)
 
 
-def _put_123(params: dict[str, str]) -> Callable[[Engine], SimResponse]:
+def _put_123(params: dict[str, str]) -> Callable[[Simulator], SimResponse]:
     return lambda e: _send(e, "PUT", "/api2/json/nodes/pve1/qemu/123/config", params=params)
 
 
-def _deny_all_config(engine: Engine) -> SimResponse:
+def _deny_all_config(engine: Simulator) -> SimResponse:
     for priv in ("Disk", "CDROM", "CPU", "Memory", "Network", "HWType", "Options", "Cloudinit"):
         engine.control.deny("/vms/123", f"VM.Config.{priv}")
     return _send(engine, "PUT", "/api2/json/nodes/pve1/qemu/123/config")
 
 
-def _task_on_other_node(engine: Engine) -> SimResponse:
+def _task_on_other_node(engine: Simulator) -> SimResponse:
     upid = json.loads(
         _send(engine, "POST", "/api2/json/nodes/pve1/qemu/124/status/stop").body or b""
     )["data"]
     return _send(engine, "GET", f"/api2/json/nodes/pve2/tasks/{upid}/status")
 
 
-def _midclone(engine: Engine) -> SimResponse:
+def _midclone(engine: Simulator) -> SimResponse:
     _send(engine, "POST", "/api2/json/nodes/pve1/qemu/9000/clone", params={"newid": "125"})
     return _send(engine, "PUT", "/api2/json/nodes/pve1/qemu/125/config", params={"name": "x"})
 
 
-def _deny(path: str, priv: str, then: Callable[[Engine], SimResponse]) -> Any:
-    def run(engine: Engine) -> SimResponse:
+def _deny(path: str, priv: str, then: Callable[[Simulator], SimResponse]) -> Any:
+    def run(engine: Simulator) -> SimResponse:
         engine.control.deny(path, priv)
         return then(engine)
 
     return run
 
 
-def _paused_shutdown(engine: Engine) -> SimResponse:
+def _paused_shutdown(engine: Simulator) -> SimResponse:
     engine.control.pause_vm(123)
     return _send(engine, "POST", "/api2/json/nodes/pve1/qemu/123/status/shutdown")
 
 
-def _protected_destroy(engine: Engine) -> SimResponse:
+def _protected_destroy(engine: Simulator) -> SimResponse:
     engine.cluster.guests[123].config["protection"] = 1
     return _send(engine, "DELETE", "/api2/json/nodes/pve1/qemu/123")
 
 
-def _offline(engine: Engine) -> SimResponse:
+def _offline(engine: Simulator) -> SimResponse:
     engine.control.node_offline("pve2")
     return _send(engine, "GET", "/api2/json/nodes/pve2/qemu/130/status/current")
 
 
-CASES: dict[str, Callable[[Engine], SimResponse]] = {
+CASES: dict[str, Callable[[Simulator], SimResponse]] = {
     "POST /api2/json/nodes/pve1/qemu/9000/clone newid=50": _clone({"newid": "50"}),
     "POST /api2/json/nodes/pve1/qemu/9000/clone newid=abc": _clone({"newid": "abc"}),
     "POST /api2/json/nodes/pve1/qemu/9000/clone (newid missing)": _clone({}),

@@ -18,10 +18,10 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.clock import ManualClock
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport, sim_api
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
+from pvesim.clock import ManualClock
+from pvesim.protocol import SimRequest, SimResponse
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport, sim_api
 
 SECRET = "0b7c3a52-8f0e-4c55-9d1e-6a2f4b8c9d10"
 TOKEN = f"proxyhub@pve!sim={SECRET}"
@@ -33,18 +33,18 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def engine(clock: ManualClock) -> Engine:
+def engine(clock: ManualClock) -> Simulator:
     """The default cluster, every task instant, time moved only by the test."""
-    return Engine(profile="instant", clock=clock, token_secret=SECRET)
+    return Simulator(profile="instant", clock=clock, token_secret=SECRET)
 
 
 @pytest.fixture
-def sim(engine: Engine) -> tuple[Api, Engine]:
+def sim(engine: Simulator) -> tuple[Api, Simulator]:
     return sim_api(engine)
 
 
 @pytest.fixture
-def api(sim: tuple[Api, Engine]) -> Api:
+def api(sim: tuple[Api, Simulator]) -> Api:
     return sim[0]
 
 
@@ -53,7 +53,7 @@ class Timed:
     """The ``fast`` profile on the manual clock: tasks take time, and only the test moves it."""
 
     api: Api
-    engine: Engine
+    engine: Simulator
     clock: ManualClock
 
     def advance(self, seconds: float) -> None:
@@ -71,7 +71,7 @@ class Timed:
 
 @pytest.fixture
 def timed(clock: ManualClock) -> Timed:
-    engine = Engine(profile="fast", clock=clock, token_secret=SECRET)
+    engine = Simulator(profile="fast", clock=clock, token_secret=SECRET)
     return Timed(Api(SimTransport(engine)), engine, clock)
 
 
@@ -114,7 +114,7 @@ def secret() -> str:
 class Raw:
     """Requests straight to the engine, for what the seam does not show."""
 
-    engine: Engine
+    engine: Simulator
 
     def __call__(
         self,
@@ -147,7 +147,7 @@ class Raw:
 
 
 @pytest.fixture
-def raw(engine: Engine) -> Raw:
+def raw(engine: Simulator) -> Raw:
     return Raw(engine)
 
 

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.simulator import Simulator
 
 MAC = re.compile(r"BC:24:11(:[0-9A-F]{2}){3}")
 
@@ -44,7 +44,7 @@ def test_pending_deletions_and_pending_only_keys(api: Api) -> None:
     assert "numa" not in merged and merged["vcpus"] == "2"
 
 
-def test_start_applies_pending_changes(api: Api, engine: Engine, finished: Any) -> None:
+def test_start_applies_pending_changes(api: Api, engine: Simulator, finished: Any) -> None:
     api.set_vm_config("pve1", 100, {"cores": 4})
     finished(api.stop("pve1", 100))
     finished(api.start("pve1", 100))
@@ -86,7 +86,7 @@ def test_no_options_is_refused(api: Api, api_error: Any) -> None:
     assert (err.status, err.message) == (500, "no options specified")
 
 
-def test_a_locked_vm_refuses_config_writes(engine: Engine, api: Api, api_error: Any) -> None:
+def test_a_locked_vm_refuses_config_writes(engine: Simulator, api: Api, api_error: Any) -> None:
     engine.control.set_lock(101, "backup")
     err = api_error(lambda: api.set_vm_config("pve2", 101, {"name": "x"}))
     assert (err.status, err.message) == (500, "VM is locked (backup)")
@@ -142,7 +142,9 @@ def test_config_of_a_missing_vm(api: Api, api_error: Any) -> None:
     assert err.message == "Configuration file 'nodes/pve1/qemu-server/100999.conf' does not exist"
 
 
-def test_a_hookscript_and_pending_change_set_by_control_show_up(engine: Engine, api: Api) -> None:
+def test_a_hookscript_and_pending_change_set_by_control_show_up(
+    engine: Simulator, api: Api
+) -> None:
     engine.control.set_hookscript(101)
     engine.control.add_pending(101, "cores", 8)
     assert api.vm_config("pve2", 101, current=True)["hookscript"] == "local:snippets/hook.pl"
@@ -150,7 +152,7 @@ def test_a_hookscript_and_pending_change_set_by_control_show_up(engine: Engine, 
     assert pending["cores"]["pending"] == 8
 
 
-def test_remove_agent_leaves_no_agent_key(engine: Engine, api: Api) -> None:
+def test_remove_agent_leaves_no_agent_key(engine: Simulator, api: Api) -> None:
     engine.control.remove_agent(100)
     assert "agent" not in api.vm_config("pve1", 100)
     assert "agent" not in api.vm_status("pve1", 100)
@@ -170,7 +172,7 @@ def test_post_config_writes_in_a_qmconfig_task(api: Api, raw: Any, finished: Any
     assert waited == {"data": None}
 
 
-def test_post_config_checks_the_lock_synchronously(engine: Engine, raw: Any) -> None:
+def test_post_config_checks_the_lock_synchronously(engine: Simulator, raw: Any) -> None:
     engine.control.set_lock(101, "backup")
     answer = raw("POST", "/api2/json/nodes/pve2/qemu/101/config", form={"cores": "2"})
     assert (answer.status, answer.reason) == (500, "VM is locked (backup)")

@@ -7,9 +7,9 @@ import re
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
-from provisioning.proxmox.simulator.profiles import PROFILES
+from pvesim.profiles import PROFILES
+from pvesim.simulator import Simulator
+from tests.support.simtransport import sim_api
 
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -124,7 +124,7 @@ def test_a_missing_source(api: Api, api_error: Any) -> None:
     assert err.message == "unable to find configuration file for VM 9999 on node 'pve1'"
 
 
-def test_a_locked_source_is_refused(engine: Engine, api: Api, api_error: Any) -> None:
+def test_a_locked_source_is_refused(engine: Simulator, api: Api, api_error: Any) -> None:
     engine.control.set_lock(9000, "backup")
     err = api_error(lambda: api.clone("pve1", 9000, newid=100407, name="proxy-a"))
     assert err.message == "VM is locked (backup)"
@@ -171,7 +171,7 @@ def test_the_cloud_init_drive_is_copied(api: Api) -> None:
     assert api.vm_config("pve1", 100414)["ide2"] == "vmstore:vm-100414-cloudinit,media=cdrom"
 
 
-def test_a_failing_clone_removes_its_target(engine: Engine, api: Api, exitstatus: Any) -> None:
+def test_a_failing_clone_removes_its_target(engine: Simulator, api: Api, exitstatus: Any) -> None:
     engine.control.fail_next_task("qmclone", "lvcreate 'pve/vm-100415-disk-0' error: no space")
     upid = api.clone("pve1", 9000, newid=100415, name="proxy-a")
     assert exitstatus(upid) == "clone failed: lvcreate 'pve/vm-100415-disk-0' error: no space"
@@ -187,7 +187,7 @@ def test_a_failing_clone_holds_its_lock_until_it_fails(timed: Any) -> None:
     assert _entry(timed.api, 100416) is None
 
 
-def test_pending_changes_of_the_source_are_not_copied(engine: Engine, api: Api) -> None:
+def test_pending_changes_of_the_source_are_not_copied(engine: Simulator, api: Api) -> None:
     engine.control.add_pending(100, "cores", 8)
     upid = api.clone("pve1", 100, newid=100417, name="proxy-a")
     assert api.vm_config("pve1", 100417)["cores"] == "2"
@@ -196,7 +196,7 @@ def test_pending_changes_of_the_source_are_not_copied(engine: Engine, api: Api) 
     ]
 
 
-def test_the_template_agent_is_inherited(engine: Engine, api: Api) -> None:
+def test_the_template_agent_is_inherited(engine: Simulator, api: Api) -> None:
     api.clone("pve1", 9000, newid=100418, name="proxy-a")
     api.clone("pve1", 9001, newid=100419, name="proxy-b")
     assert engine.control.vm(100418)["agentBaked"] is True

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from provisioning.proxmox.simulator.workdir import (
+from pvesim.workdir import (
     parse_token,
     prepare_workdir,
     ready_line,

@@ -8,13 +8,13 @@ from typing import Any
 from urllib.parse import quote
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.protocol import SimRequest
-from provisioning.proxmox.simulator.simtasks import UPID_RE
+from pvesim.protocol import SimRequest
+from pvesim.simtasks import UPID_RE
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport
 
 
-def test_upids_follow_proxmoxs_format(api: Api, engine: Engine) -> None:
+def test_upids_follow_proxmoxs_format(api: Api, engine: Simulator) -> None:
     upid = api.start("pve2", 101)
     found = UPID_RE.fullmatch(upid)
     assert found is not None
@@ -78,7 +78,7 @@ def test_the_log_pages_fifty_lines_by_default_and_reports_the_total(api: Api, ra
     }
 
 
-def test_a_task_with_more_than_fifty_lines(engine: Engine, raw: Any) -> None:
+def test_a_task_with_more_than_fifty_lines(engine: Simulator, raw: Any) -> None:
     upid = raw.json("POST", "/api2/json/nodes/pve1/qemu/100/status/stop")["data"]
     task = engine.scheduler.tasks[upid]
     task.log[:0] = [f"line {i}" for i in range(60)]
@@ -117,7 +117,7 @@ def test_a_queued_clone_still_reserves_its_vmid(timed: Any, api_error: Any) -> N
 
 
 def test_the_next_task_of_a_type_can_be_made_to_fail(
-    engine: Engine, api: Api, exitstatus: Any
+    engine: Simulator, api: Api, exitstatus: Any
 ) -> None:
     engine.control.fail_next_task("qmstart", "start failed: QEMU exited with code 1")
     vmid_upid = api.start("pve2", 101)
@@ -127,7 +127,7 @@ def test_the_next_task_of_a_type_can_be_made_to_fail(
 
 
 def test_a_failing_task_whose_effect_still_happens(
-    engine: Engine, api: Api, exitstatus: Any
+    engine: Simulator, api: Api, exitstatus: Any
 ) -> None:
     """``qmstart`` reporting failure although the VM runs (research/peers.md §6)."""
     engine.control.fail_next_task("qmstart", "got timeout", applied=True)
@@ -160,8 +160,8 @@ def test_the_task_list_of_a_node(api: Api, raw: Any) -> None:
 def test_profiles_set_task_durations_and_time_scale_multiplies_them(
     clock: Any, secret: str
 ) -> None:
-    realistic = Engine(profile="realistic", clock=clock, token_secret=secret)
-    halved = Engine(profile="realistic", time_scale=0.5, clock=clock, token_secret=secret)
+    realistic = Simulator(profile="realistic", clock=clock, token_secret=secret)
+    halved = Simulator(profile="realistic", time_scale=0.5, clock=clock, token_secret=secret)
     assert (realistic.profile.clone, halved.profile.clone) == (2.0, 1.0)
     assert halved.profile.auth_fail_delay == 1.5
     api = Api(SimTransport(realistic))
@@ -172,7 +172,7 @@ def test_profiles_set_task_durations_and_time_scale_multiplies_them(
     assert api.task_status("pve1", upid)["exitstatus"] == "OK"
 
 
-def test_concurrent_requests_from_many_threads(engine: Engine, api: Api, finished: Any) -> None:
+def test_concurrent_requests_from_many_threads(engine: Simulator, api: Api, finished: Any) -> None:
     errors: list[BaseException] = []
 
     def clone(i: int) -> None:

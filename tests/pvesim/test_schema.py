@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioning.proxmox.simulator.schema import DATA_DIR, RouteMatch, Schema
+from pvesim.schema import DATA_DIR, RouteMatch, Schema
 
 REFERENCE = Path("/work/shared/pve-reference")
 needs_reference = pytest.mark.skipif(

@@ -10,9 +10,9 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import SimTransport
-from provisioning.proxmox.simulator.protocol import SimRequest
+from pvesim.protocol import SimRequest
+from pvesim.simulator import Simulator
+from tests.support.simtransport import SimTransport
 
 
 def test_no_token_is_401_no_ticket_with_an_empty_body(raw: Any) -> None:
@@ -21,7 +21,7 @@ def test_no_token_is_401_no_ticket_with_an_empty_body(raw: Any) -> None:
 
 
 def test_a_wrong_secret_is_401_authentication_failed(
-    engine: Engine, api: Api, api_error: Any, secret: Any
+    engine: Simulator, api: Api, api_error: Any, secret: Any
 ) -> None:
     api = Api(SimTransport(engine, token="proxyhub@pve!sim=not-the-secret"))
     err = api_error(api.version)
@@ -30,14 +30,14 @@ def test_a_wrong_secret_is_401_authentication_failed(
 
 
 def test_a_wrong_token_id_is_refused_even_with_the_right_secret(
-    engine: Engine, api_error: Any, secret: str
+    engine: Simulator, api_error: Any, secret: str
 ) -> None:
     api = Api(SimTransport(engine, token=f"root@pam!sim={secret}"))
     assert api_error(api.version).status == 401
 
 
 def test_the_realistic_profile_holds_every_401_for_three_seconds(secret: str) -> None:
-    engine = Engine(profile="realistic", token_secret=secret)
+    engine = Simulator(profile="realistic", token_secret=secret)
     answer = engine.handle(
         SimRequest("GET", "/api2/json/version", headers={"authorization": "PVEAPIToken=a@pve!b=c"})
     )
@@ -46,7 +46,7 @@ def test_the_realistic_profile_holds_every_401_for_three_seconds(secret: str) ->
 
 
 def test_a_rotated_token_is_used_by_default_transports(
-    engine: Engine, api: Api, api_error: Any, secret: str
+    engine: Simulator, api: Api, api_error: Any, secret: str
 ) -> None:
     new = engine.set_token_secret("9d1e3f5a-0000-4000-8000-000000000001")
     assert new.endswith("=9d1e3f5a-0000-4000-8000-000000000001")
@@ -106,7 +106,7 @@ def test_an_unknown_node_fails_its_hostname_lookup(api: Api, api_error: Any) -> 
     )
 
 
-def test_an_offline_node_answers_595_with_an_empty_body(engine: Engine, raw: Any) -> None:
+def test_an_offline_node_answers_595_with_an_empty_body(engine: Simulator, raw: Any) -> None:
     engine.control.node_offline("pve3")
     answer = raw("GET", "/api2/json/nodes/pve3/qemu/102/status/current")
     assert (answer.status, answer.reason, answer.body) == (595, "No route to host", None)
@@ -115,7 +115,7 @@ def test_an_offline_node_answers_595_with_an_empty_body(engine: Engine, raw: Any
 
 
 def test_a_denied_privilege_is_403_naming_path_and_privilege(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     engine.control.deny("/vms", "VM.PowerMgmt")
     err = api_error(lambda: api.start("pve1", 100))
@@ -125,7 +125,7 @@ def test_a_denied_privilege_is_403_naming_path_and_privilege(
 
 
 def test_a_denied_any_of_check_lists_every_alternative(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     for priv in ("Disk", "CDROM", "CPU", "Memory", "Network", "HWType", "Options", "Cloudinit"):
         engine.control.deny("/vms/101", f"VM.Config.{priv}")
@@ -138,7 +138,7 @@ def test_a_denied_any_of_check_lists_every_alternative(
 
 
 def test_a_failed_or_combination_says_only_permission_check_failed(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     engine.control.deny("/vms/100777", "VM.Allocate")
     err = api_error(lambda: api.clone("pve1", 9000, newid=100777, name="proxy-x"))
@@ -146,7 +146,7 @@ def test_a_failed_or_combination_says_only_permission_check_failed(
 
 
 def test_a_key_level_privilege_is_checked_by_the_handler(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     engine.control.deny("/", "VM.Config.CPU")
     err = api_error(lambda: api.set_vm_config("pve2", 101, {"cores": 2}))
@@ -154,13 +154,15 @@ def test_a_key_level_privilege_is_checked_by_the_handler(
     api.set_vm_config("pve2", 101, {"name": "renamed"})
 
 
-def test_volume_delete_needs_datastore_allocate(engine: Engine, api: Api, api_error: Any) -> None:
+def test_volume_delete_needs_datastore_allocate(
+    engine: Simulator, api: Api, api_error: Any
+) -> None:
     engine.control.deny("/storage/proxy-seeds", "Datastore.Allocate")
     err = api_error(lambda: api.delete_volume("pve1", "proxy-seeds", "proxy-seeds:iso/x.iso"))
     assert err.message == "Permission check failed (/storage/proxy-seeds, Datastore.Allocate)"
 
 
-def test_denied_guests_are_filtered_from_the_listing(engine: Engine, api: Api) -> None:
+def test_denied_guests_are_filtered_from_the_listing(engine: Simulator, api: Api) -> None:
     engine.control.deny("/vms/101", "VM.Audit")
     assert 101 not in {e["vmid"] for e in api.cluster_resources()}
 

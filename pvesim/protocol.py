@@ -1,8 +1,8 @@
 """The request and response shapes between the simulator's engine and its front ends.
 
-The HTTPS server and the in-process transport both turn what they receive into a
-``SimRequest`` and act on the ``SimResponse`` the engine returns, so the two front ends cannot
-drift apart in what they accept.
+The HTTPS server and the in-process entry point (``inprocess.call``) both turn what they
+receive into a ``SimRequest`` and act on the ``SimResponse`` the engine returns, so the two
+front ends cannot drift apart in what they accept.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m provisioning.proxmox.simulator``: the simulator over HTTPS, without Django.
+"""``python -m pvesim``: the simulator over HTTPS, without Django.
 
 Same options as ``manage.py pvesim`` (DESIGN.md §7). When ready it prints exactly one JSON line
 to stdout (``url``, ``tokenFile``, ``caFile``, ``catalogue``) and serves until SIGINT or SIGTERM,
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_workdir: str = "va
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m provisioning.proxmox.simulator",
+        prog="python -m pvesim",
         description="A Proxmox VE API simulator over HTTPS with a generated CA.",
     )
     add_arguments(parser)
@@ -66,10 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
     )
     # Imported here so ``--help`` works even while the engine cannot be imported.
-    from .engine import Engine
+    from .simulator import Simulator
 
     workdir = prepare_workdir(args.workdir, args.host)
-    engine = Engine(
+    engine = Simulator(
         profile=args.profile,
         time_scale=args.time_scale,
         token_id=workdir.token_id,

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest
+from pvesim.protocol import SimRequest
+from pvesim.simulator import Simulator
 
 
 def test_storage_status_reports_type_content_and_space(api: Api) -> None:
@@ -84,7 +84,7 @@ def test_upload_is_an_imgcopy_task_with_an_empty_id_and_proxmoxs_log(
     )
 
 
-def test_upload_overwrites_a_file_of_the_same_name(engine: Engine, api: Api) -> None:
+def test_upload_overwrites_a_file_of_the_same_name(engine: Simulator, api: Api) -> None:
     api.upload_iso("pve1", "proxy-seeds", filename="proxy-a-seed.iso", content=b"old")
     api.upload_iso("pve1", "proxy-seeds", filename="proxy-a-seed.iso", content=b"newer")
     [item] = api.storage_content("pve1", "proxy-seeds")
@@ -120,14 +120,14 @@ def test_upload_to_a_storage_without_iso_content_is_500(api: Api, api_error: Any
 
 
 def test_upload_to_a_dir_storage_without_iso_content(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     engine.cluster.nodes["pve1"].storages["local"].content = ("vztmpl", "backup")
     err = api_error(lambda: api.upload_iso("pve1", "local", filename="a.iso", content=b"x"))
     assert (err.status, err.message) == (500, "storage 'local' does not support 'iso' content")
 
 
-def test_upload_checksum_mismatch_fails_the_task(engine: Engine, exitstatus: Any) -> None:
+def test_upload_checksum_mismatch_fails_the_task(engine: Simulator, exitstatus: Any) -> None:
     data = b"seed bytes"
     good = hashlib.sha256(data).hexdigest()
     request = SimRequest(

@@ -1,4 +1,4 @@
-"""The simulator's state engine: one ``handle(SimRequest) -> SimResponse`` for both front ends.
+"""The simulator's state engine: one ``handle(SimRequest) -> SimResponse`` for every front end.
 
 Each request goes through the steps pveproxy and pvedaemon take, in their order
 (pve-reference §1.1):
@@ -16,6 +16,10 @@ Each request goes through the steps pveproxy and pvedaemon take, in their order
 Injected faults (``faults.py``) step in after the route is known. Every call is written to
 the ledger. Time: tasks progress lazily from the clock (``simtasks.py``), so the engine has no
 threads of its own; one re-entrant lock makes ``handle`` safe for the HTTPS server's threads.
+
+The engine is Proxmox only: it answers ``/api2/json`` and knows nothing of the ``/_sim``
+control surface, which ``control.py`` builds on top of it and ``simulator.py`` mounts beside
+it.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ from . import (
     replies,
 )
 from .clock import ManualClock
-from .control import Control
 from .faults import Faults, fault_response
 from .ledger import Ledger, summarise
 from .permissions import Permissions
@@ -55,7 +58,6 @@ from .simtasks import Scheduler
 from .state import Cluster, SimError
 
 API_PREFIX = "/api2/json"
-CONTROL_PREFIX = "/_sim/"
 # pve-access-control ``split_tokenid`` (pve-reference §2.1).
 _TOKEN_ID = re.compile(r"[^\s:/]+@[A-Za-z][A-Za-z0-9.\-_]+![A-Za-z][A-Za-z0-9.\-_]+")
 _TOKEN_HEADER = re.compile(r"PVEAPIToken[= ]([^;]*)")
@@ -108,7 +110,6 @@ class Engine:
         self.ledger = Ledger()
         self._lock = threading.RLock()
         self._reset_state()
-        self.control = Control(self)
 
     # --- identity -----------------------------------------------------------------------
 
@@ -173,8 +174,6 @@ class Engine:
 
     def handle(self, request: SimRequest) -> SimResponse:
         path = request.path.split("?", 1)[0]
-        if path.startswith(CONTROL_PREFIX) or path == CONTROL_PREFIX.rstrip("/"):
-            return self.control.http(request)
         with self._lock:
             started = time.perf_counter()
             now = self.clock()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.simulator import Simulator
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
 
 
-def test_calls_are_counted_by_key_method_and_path_parameters(engine: Engine, api: Api) -> None:
+def test_calls_are_counted_by_key_method_and_path_parameters(engine: Simulator, api: Api) -> None:
     api.cluster_resources()
     api.vm_config("pve1", 100)
     api.vm_config("pve2", 101)
@@ -32,7 +32,7 @@ def test_calls_are_counted_by_key_method_and_path_parameters(engine: Engine, api
 
 
 def test_only_writes_that_changed_state_are_mutations(
-    engine: Engine, api: Api, api_error: Any
+    engine: Simulator, api: Api, api_error: Any
 ) -> None:
     upid = api.clone("pve1", 9000, newid=101100, name="proxy-l")
     err = api_error(lambda: api.clone("pve1", 9000, newid=101100, name="proxy-l"))
@@ -44,7 +44,7 @@ def test_only_writes_that_changed_state_are_mutations(
     assert (refused.status, refused.mutation, refused.upid) == (500, False, None)
 
 
-def test_descriptions_and_uploads_are_never_stored(engine: Engine, api: Api) -> None:
+def test_descriptions_and_uploads_are_never_stored(engine: Simulator, api: Api) -> None:
     secret_mark = "proxyhub-uid=1234\nsensitive cloud-init? never"
     api.clone("pve1", 9000, newid=101101, name="proxy-l", description=secret_mark)
     api.upload_iso("pve1", "proxy-seeds", filename="a.iso", content=b"#cloud-config SECRET")
@@ -56,14 +56,14 @@ def test_descriptions_and_uploads_are_never_stored(engine: Engine, api: Api) -> 
     assert "SECRET" not in dumped and "sensitive" not in dumped
 
 
-def test_refused_requests_are_recorded_with_their_status(engine: Engine, raw: Any) -> None:
+def test_refused_requests_are_recorded_with_their_status(engine: Simulator, raw: Any) -> None:
     raw("GET", "/api2/json/version", token=None)
     raw("GET", "/api2/json/nodes/pve1/qemu/100/nonsense")
     statuses = [(e.key, e.status) for e in engine.ledger.calls()]
     assert statuses == [("GET /version", 401), (None, 501)]
 
 
-def test_clear_empties_the_ledger(engine: Engine, api: Api) -> None:
+def test_clear_empties_the_ledger(engine: Simulator, api: Api) -> None:
     api.version()
     engine.ledger.clear()
     assert engine.ledger.count() == 0
@@ -71,7 +71,7 @@ def test_clear_empties_the_ledger(engine: Engine, api: Api) -> None:
     assert len(engine.ledger) == 1
 
 
-def test_a_post_that_only_reads_is_not_a_mutation(engine: Engine, raw: Any) -> None:
+def test_a_post_that_only_reads_is_not_a_mutation(engine: Simulator, raw: Any) -> None:
     assert raw("POST", "/api2/json/nodes/pve1/qemu/100/agent/ping").status == 200
     [ping] = engine.ledger.calls("POST")
     assert ping.status == 200 and not ping.mutation

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.inprocess import sim_api
+from pvesim.simulator import Simulator
+from tests.support.simtransport import sim_api
 
 
 def test_version_names_the_emulated_release(api: Api) -> None:
@@ -16,7 +16,7 @@ def test_version_names_the_emulated_release(api: Api) -> None:
 
 
 def test_nodes_lists_all_three_and_an_offline_one_keeps_only_maxima(
-    engine: Engine, api: Api
+    engine: Simulator, api: Api
 ) -> None:
     engine.control.node_offline("pve3")
     nodes = {n["node"]: n for n in api.nodes()}
@@ -46,7 +46,7 @@ def test_every_node_has_the_bridge_vmbr0(api: Api) -> None:
     assert {i["iface"] for i in everything} == {"eno1", "vmbr0"}
 
 
-def test_resources_list_guests_in_string_order_of_their_vmid(engine: Engine, api: Api) -> None:
+def test_resources_list_guests_in_string_order_of_their_vmid(engine: Simulator, api: Api) -> None:
     engine.control.create_vms(2, start_vmid=1000, tags=None)
     vmids = [e["vmid"] for e in api.cluster_resources()]
     assert vmids == [100, 1000, 1001, 101, 102, 200, 9000, 9001, 9002]
@@ -76,14 +76,14 @@ def test_resources_type_filter(api: Api) -> None:
     assert shared["shared"] == 1 and shared["plugintype"] == "rbd"
 
 
-def test_guests_of_an_offline_node_read_unknown(engine: Engine, api: Api) -> None:
+def test_guests_of_an_offline_node_read_unknown(engine: Simulator, api: Api) -> None:
     engine.control.node_offline("pve3")
     entry = next(e for e in api.cluster_resources() if e["vmid"] == 102)
     assert entry["status"] == "unknown"
     assert entry["node"] == "pve3"
 
 
-def test_a_paused_vm_is_listed_as_running(engine: Engine, api: Api) -> None:
+def test_a_paused_vm_is_listed_as_running(engine: Simulator, api: Api) -> None:
     """Seed 000 entry 9 (F14): only status/current tells a paused VM apart."""
     engine.control.pause_vm(100)
     entry = next(e for e in api.cluster_resources() if e["vmid"] == 100)
@@ -91,7 +91,7 @@ def test_a_paused_vm_is_listed_as_running(engine: Engine, api: Api) -> None:
     assert api.vm_status("pve1", 100)["qmpstatus"] == "paused"
 
 
-def test_lock_and_ha_state_appear_in_the_listing(engine: Engine, api: Api) -> None:
+def test_lock_and_ha_state_appear_in_the_listing(engine: Simulator, api: Api) -> None:
     engine.control.set_lock(101, "backup")
     engine.control.set_ha(100, state="started")
     entries = {e["vmid"]: e for e in api.cluster_resources()}

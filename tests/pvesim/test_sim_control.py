@@ -9,24 +9,24 @@ import pytest
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
-from provisioning.proxmox.simulator.engine import Engine
-from provisioning.proxmox.simulator.protocol import SimRequest, SimResponse
+from pvesim.protocol import SimRequest, SimResponse
+from pvesim.simulator import Simulator
 
 
-def _control(engine: Engine, name: str, verb: str = "POST", **args: Any) -> SimResponse:
+def _control(engine: Simulator, name: str, verb: str = "POST", **args: Any) -> SimResponse:
     if verb == "GET":
         return engine.handle(SimRequest("GET", f"/_sim/{name}", query=args))
     return engine.handle(SimRequest("POST", f"/_sim/{name}", json_body=args))
 
 
-def test_control_calls_need_no_token_and_answer_json(engine: Engine, api: Api) -> None:
+def test_control_calls_need_no_token_and_answer_json(engine: Simulator, api: Api) -> None:
     answer = _control(engine, "node_offline", node="pve3")
     assert (answer.status, json.loads(answer.body or b"")) == (200, {"data": None})
     entry = next(e for e in api.cluster_resources() if e["vmid"] == 102)
     assert entry["status"] == "unknown"
 
 
-def test_the_ledger_over_http(engine: Engine, api: Api) -> None:
+def test_the_ledger_over_http(engine: Simulator, api: Api) -> None:
     api.vm_config("pve1", 100)
     answer = _control(engine, "ledger", verb="GET", key="/nodes/{node}/qemu/{vmid}/config")
     [entry] = json.loads(answer.body or b"")["data"]
@@ -34,12 +34,12 @@ def test_the_ledger_over_http(engine: Engine, api: Api) -> None:
     assert entry["status"] == 200
 
 
-def test_control_calls_are_not_in_the_ledger(engine: Engine) -> None:
+def test_control_calls_are_not_in_the_ledger(engine: Simulator) -> None:
     _control(engine, "info", verb="GET")
     assert engine.ledger.count() == 0
 
 
-def test_a_scripted_failure_over_http(engine: Engine, api: Api) -> None:
+def test_a_scripted_failure_over_http(engine: Simulator, api: Api) -> None:
     answer = _control(engine, "fail_call", method="GET", path="/version", kind="596", bogus=1)
     assert answer.status == 400  # an unknown argument is refused, not ignored
     answer = _control(engine, "fail_call", method="GET", path="/version", kind="596")
@@ -49,7 +49,7 @@ def test_a_scripted_failure_over_http(engine: Engine, api: Api) -> None:
     assert caught.value.status == 596
 
 
-def test_unknown_calls_and_bad_arguments(engine: Engine) -> None:
+def test_unknown_calls_and_bad_arguments(engine: Simulator) -> None:
     assert _control(engine, "nonsense").status == 404
     assert _control(engine, "volume_data", node="pve1", volid="x").status == 404
     answer = _control(engine, "set_lock", vmid=424242)
@@ -58,7 +58,7 @@ def test_unknown_calls_and_bad_arguments(engine: Engine) -> None:
 
 
 def test_advance_needs_the_manual_clock() -> None:
-    engine = Engine(token_secret="s")
+    engine = Simulator(token_secret="s")
     answer = _control(engine, "advance", seconds=1)
     assert answer.status == 400
     assert b"manual clock" in (answer.body or b"")
@@ -71,7 +71,7 @@ def test_advance_moves_the_manual_clock(timed: Any) -> None:
     assert timed.api.task_status("pve1", upid)["status"] == "stopped"
 
 
-def test_create_vms_in_bulk(engine: Engine, api: Api) -> None:
+def test_create_vms_in_bulk(engine: Simulator, api: Api) -> None:
     answer = _control(
         engine,
         "create_vms",
@@ -86,7 +86,7 @@ def test_create_vms_in_bulk(engine: Engine, api: Api) -> None:
     assert config["description"] == "proxyhub-managed=true\nproxyhub-uid=100001"
 
 
-def test_reset_returns_to_the_starting_state(engine: Engine, api: Api) -> None:
+def test_reset_returns_to_the_starting_state(engine: Simulator, api: Api) -> None:
     api.clone("pve1", 9000, newid=101201, name="proxy-r")
     engine.control.deny("/", "VM.Audit")
     engine.control.error_rate(1.0, kind="595", path="/version")
@@ -97,7 +97,7 @@ def test_reset_returns_to_the_starting_state(engine: Engine, api: Api) -> None:
     assert engine.ledger.count() == 2
 
 
-def test_info_describes_the_simulator(engine: Engine) -> None:
+def test_info_describes_the_simulator(engine: Simulator) -> None:
     info = json.loads(_control(engine, "info", verb="GET").body or b"")["data"]
     assert info["nodes"] == ["pve1", "pve2", "pve3"]
     assert info["templateVmid"] == engine.default_template_vmid() == 9000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.simulator.engine import Engine
+from pvesim.simulator import Simulator
 
 
 def test_start_runs_the_vm(api: Api, new_vm: Any, finished: Any) -> None:
@@ -33,7 +33,7 @@ def test_start_of_a_missing_vm_fails_in_the_task(api: Api, exitstatus: Any) -> N
     )
 
 
-def test_start_of_a_locked_vm_is_a_task_error(engine: Engine, api: Api, exitstatus: Any) -> None:
+def test_start_of_a_locked_vm_is_a_task_error(engine: Simulator, api: Api, exitstatus: Any) -> None:
     engine.control.set_lock(101, "backup")
     upid = api.start("pve2", 101)
     assert exitstatus(upid, "pve2") == "VM is locked (backup)"
@@ -55,14 +55,14 @@ def test_stop_and_shutdown_stop_a_running_vm(api: Api, exitstatus: Any) -> None:
 
 
 def test_stop_of_a_running_locked_vm_is_a_task_error(
-    engine: Engine, api: Api, exitstatus: Any
+    engine: Simulator, api: Api, exitstatus: Any
 ) -> None:
     engine.control.set_lock(100, "migrate")
     assert exitstatus(api.stop("pve1", 100)) == "VM is locked (migrate)"
 
 
 def test_shutdown_of_a_paused_vm_is_refused_synchronously(
-    engine: Engine, api: Api, api_error: Any, exitstatus: Any
+    engine: Simulator, api: Api, api_error: Any, exitstatus: Any
 ) -> None:
     engine.control.pause_vm(100)
     err = api_error(lambda: api.shutdown("pve1", 100))
@@ -88,7 +88,7 @@ def test_reboot_restarts_and_applies_pending(api: Api, exitstatus: Any) -> None:
     assert api.vm_config("pve1", 100, current=True)["cores"] == "3"
 
 
-def test_a_hibernated_vm_starts_by_resuming(engine: Engine, api: Api, exitstatus: Any) -> None:
+def test_a_hibernated_vm_starts_by_resuming(engine: Simulator, api: Api, exitstatus: Any) -> None:
     engine.control.hibernate_vm(100)
     status = api.vm_status("pve1", 100)
     assert (status["status"], status["lock"]) == ("stopped", "suspended")
@@ -122,7 +122,7 @@ def test_status_current_of_a_template(api: Api) -> None:
     }
 
 
-def test_an_ha_managed_vm(engine: Engine, api: Api, api_error: Any, finished: Any) -> None:
+def test_an_ha_managed_vm(engine: Simulator, api: Api, api_error: Any, finished: Any) -> None:
     engine.control.set_ha(101, state="stopped")
     assert api.vm_status("pve2", 101)["ha"] == {"managed": 1, "state": "stopped"}
     upid = api.start("pve2", 101)
@@ -156,7 +156,7 @@ def test_destroy_of_a_missing_vm(api: Api, api_error: Any) -> None:
 
 
 def test_destroy_of_a_locked_vm_fails_in_the_task(
-    engine: Engine, api: Api, exitstatus: Any
+    engine: Simulator, api: Api, exitstatus: Any
 ) -> None:
     engine.control.set_lock(101, "backup")
     assert exitstatus(api.destroy("pve2", 101), "pve2") == "VM is locked (backup)"
@@ -219,7 +219,7 @@ def test_shrinking_is_a_task_error_and_equal_is_a_no_op(
 
 
 def test_resize_checks_run_in_the_task(
-    engine: Engine, api: Api, new_vm: Any, exitstatus: Any
+    engine: Simulator, api: Api, new_vm: Any, exitstatus: Any
 ) -> None:
     vmid = new_vm()
     assert exitstatus(api.resize("pve1", vmid, disk="scsi5", size="4G")) == (

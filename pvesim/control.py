@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 from . import replies
 from .clock import ManualClock
 from .defaults import add_vm
+from .engine import Engine
 from .faults import LatencyRule
 from .power import launch, power_off
 from .protocol import SimRequest, SimResponse
@@ -32,8 +33,8 @@ from .simtasks import InjectedFailure
 from .state import Guest
 from .vmconfig import coerce
 
-if TYPE_CHECKING:
-    from .engine import Engine
+# Where the surface is served, beside the engine's /api2/json (simulator.py mounts it).
+CONTROL_PREFIX = "/_sim/"
 
 
 class ControlError(Exception):
@@ -385,11 +386,11 @@ class Control:
 
     def http(self, request: SimRequest) -> SimResponse:
         path = request.path.split("?", 1)[0]
-        name = unquote(path[len("/_sim/") :]).strip("/")
+        name = unquote(path[len(CONTROL_PREFIX) :]).strip("/")
         method = request.method.upper()
         allowed = _HTTP_GET if method == "GET" else _HTTP_POST if method == "POST" else set()
         if name not in allowed:
-            return _control_error(404, f"no control call {method} /_sim/{name}")
+            return _control_error(404, f"no control call {method} {CONTROL_PREFIX}{name}")
         if method == "GET":
             kwargs: dict[str, Any] = dict(request.query)
         else:

@@ -1,7 +1,7 @@
 """The simulator's working directory: its CA, server certificate, token and catalogue.
 
-``python -m provisioning.proxmox.simulator --workdir DIR`` (DESIGN.md §7) leaves in ``DIR``
-everything a client needs to talk to it the way it would talk to a real cluster:
+``python -m pvesim --workdir DIR`` (DESIGN.md §7) leaves in ``DIR`` everything a client needs
+to talk to it the way it would talk to a real cluster:
 
 ``ca.pem`` / ``ca-key.pem``
     A private CA made with trustme. It is kept across restarts, so a client that saved

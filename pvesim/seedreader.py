@@ -19,7 +19,7 @@ from io import BytesIO
 import pycdlib
 from pycdlib.pycdlibexception import PyCdlibException
 
-log = logging.getLogger("proxyhub.proxmox.simulator")
+log = logging.getLogger("proxyhub.pvesim.seed")
 
 AGENT_PACKAGE = b"qemu-guest-agent"
 
