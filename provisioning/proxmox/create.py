@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .config import ProxmoxConfig, resolve_machine_type, resolve_template, resolve_zone
+from .config import ProxmoxConfig
 from .deadline import Deadline
 from .disks import boot_disk, cloudinit_drive, disk_size_bytes, gib
 from .errors import ApiError, PermanentError, TransientError
@@ -39,6 +39,7 @@ from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import TAG, render_mark
 from .netcfg import rewrite_net0
 from .ownership import Ownership, is_missing, judge, judge_config
+from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name, seed_volid
 from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
 

@@ -31,8 +31,8 @@ from provisioning.models.choices import (
     Phase,
     RequestedVia,
 )
-from provisioning.proxmox.config import resolve_machine_type, resolve_template, resolve_zone
 from provisioning.proxmox.errors import PermanentError
+from provisioning.proxmox.placement import resolve_machine_type, resolve_template, resolve_zone
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User as AuthUser
