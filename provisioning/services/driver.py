@@ -52,7 +52,7 @@ from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 
 if TYPE_CHECKING:
-    from provisioning.proxmox.power import Action
+    from provisioning.proxmox.power_checks import Action
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -314,7 +314,7 @@ def _run_replace(op: Operation, provider: Provider, progress: dict[str, Any]) ->
 
 
 def _run_power(op: Operation, provider: Provider, progress: dict[str, Any]) -> Outcome:
-    from provisioning.proxmox.power import PowerRequest
+    from provisioning.proxmox.power_checks import PowerRequest
 
     if progress.get("stage") == "address":
         return _address(op, provider, progress)
