@@ -21,7 +21,6 @@ from django.db import models, transaction
 
 from provisioning.models import Cluster, Proxy
 from provisioning.models.choices import Phase, RequestedVia
-from provisioning.services.catalogue import read_text, yaml_load_strict
 from provisioning.services.operations import (
     ProxySpec,
     numbered_names,
@@ -30,6 +29,7 @@ from provisioning.services.operations import (
     proxy_request_delete,
     validate_placement,
 )
+from provisioning.strict_yaml import read_text, yaml_load_strict
 
 from ._progress import Progress
 
