@@ -23,7 +23,7 @@ from django.utils.translation import ngettext
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import ACTIVE_STATES, DesiredState, OperationKind, RequestedVia
-from provisioning.proxmox.power import Action
+from provisioning.proxmox.power_checks import Action
 from provisioning.proxmox.seed import seed_volid
 from provisioning.services import operations
 

@@ -18,7 +18,7 @@ from provisioning.models import Proxy
 from provisioning.models.choices import DesiredState
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import NotFoundError, classify
-from provisioning.proxmox.power import Action, PowerPreview, PowerRequest
+from provisioning.proxmox.power_checks import Action, PowerPreview, PowerRequest
 from provisioning.services.providers import provider_for
 
 # A page must answer while the operator waits; a slow or unreachable cluster leaves the rest

@@ -25,7 +25,8 @@ from django.template.response import TemplateResponse
 
 from provisioning.models import Cluster, Proxy
 from provisioning.proxmox.errors import ClassifiedError, classify
-from provisioning.proxmox.preflight import PREFLIGHT_BUDGET, Check
+from provisioning.proxmox.preflight import PREFLIGHT_BUDGET
+from provisioning.proxmox.preflight_checks import Check
 from provisioning.services import plans
 
 from . import display

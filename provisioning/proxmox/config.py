@@ -1,4 +1,4 @@
-"""A Proxmox cluster's configuration (seed 000 entry 15) and placement resolution (entry 3).
+"""A Proxmox cluster's configuration (seed 000 entry 15).
 
 ``ProxmoxConfig`` is what the provider needs to know about one cluster. It is built by the
 Django side from a ``Cluster`` row, or from a catalogue document that uses the seed's own keys
@@ -7,7 +7,8 @@ is refused for a row too. Every problem is collected, each under its path and wi
 allowed, so an operator fixes a document in one pass.
 
 Values are checked before any Proxmox call because they end up in request paths (node names,
-storage ids), in property strings (bridge) and in the VMID allocator (the range).
+storage ids), in property strings (bridge) and in the VMID allocator (the range). A proxy's
+placement is resolved against a config by ``placement.py`` (entry 3).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
-
-from .errors import PermanentError
 
 # Entry 15: node names as Proxmox knows them (they are request path segments).
 _NODE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
@@ -450,64 +449,6 @@ class ProxmoxConfig:
                 errors.append(FieldError(f"{path}.{key}", f"the key must be {_LABEL_RULE}"))
             if not isinstance(entry, kind):
                 errors.append(FieldError(f"{path}.{key}", f"must be a {kind.__name__}"))
-
-
-# --- placement (seed 000 entry 3) -----------------------------------------------------------
-
-
-def resolve_zone(config: ProxmoxConfig, zone: str | None) -> str:
-    """The node a proxy is placed on.
-
-    Required only when the cluster has more than one node; with one node a blank zone selects
-    it. Checked before any Proxmox call, so a typo fails fast and permanently.
-    """
-    nodes = ", ".join(config.nodes)
-    if not zone:
-        if len(config.nodes) == 1:
-            return config.nodes[0]
-        if not config.nodes:
-            raise PermanentError(
-                f"cluster {config.name} has no nodes", remediation="add a node to the cluster"
-            )
-        raise PermanentError(
-            f"placement.zone is required: cluster {config.name} has more than one node",
-            remediation=f"set the proxy's zone to one of: {nodes}",
-        )
-    if zone not in config.nodes:
-        raise PermanentError(
-            f'placement.zone "{zone}" is not in proxmox.nodes',
-            remediation=f"cluster {config.name} has the nodes: {nodes or 'none'}; pick one "
-            "or add the node to the cluster",
-        )
-    return zone
-
-
-def resolve_machine_type(config: ProxmoxConfig, key: str) -> MachineType:
-    """The catalogue size named by ``placement.machineType``."""
-    found = config.machine_types.get(key) if key else None
-    if found is None:
-        raise PermanentError(
-            f'placement.machineType "{key}" is not in proxmox.machineTypes',
-            remediation=_pick_or_add(config, "machine types", config.machine_types, key),
-        )
-    return found
-
-
-def resolve_template(config: ProxmoxConfig, key: str) -> int:
-    """The template VMID named by ``placement.image``."""
-    found = config.templates.get(key) if key else None
-    if found is None:
-        raise PermanentError(
-            f'placement.image "{key}" is not in proxmox.templates',
-            remediation=_pick_or_add(config, "templates", config.templates, key),
-        )
-    return found.vmid
-
-
-def _pick_or_add(config: ProxmoxConfig, what: str, offered: Mapping[str, object], key: str) -> str:
-    names = ", ".join(offered) or "none"
-    text = f"cluster {config.name} has the {what}: {names}; pick one"
-    return f'{text} or add "{key}" to its {what}' if key else text
 
 
 # --- helpers --------------------------------------------------------------------------------

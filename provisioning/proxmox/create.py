@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .config import ProxmoxConfig, resolve_machine_type, resolve_template, resolve_zone
 from .deadline import Deadline
-from .disks import boot_disk, cloudinit_drive, disk_size_bytes, gib
+from .disks import boot_disk, disk_size_bytes, gib
 from .errors import ApiError, PermanentError, TransientError
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
-from .marks import TAG, render_mark
-from .netcfg import rewrite_net0
+from .marks import render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
-from .seed import build_seed_iso, seed_iso_name, seed_volid
+from .placement import resolve_machine_type, resolve_template, resolve_zone
+from .seed import build_seed_iso, seed_iso_name
 from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
+from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -532,52 +532,6 @@ class CreateMachine(StepMachine[CreateRequest]):
         return StepResult(
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
         )
-
-
-TEMPLATE_REMEDIATION = (
-    "prepare the template as docs/operator-guide.md says (a template VM with a boot disk, net0, "
-    "no cloud-init drive) or point the catalogue at another one"
-)
-
-
-def template_problem(
-    config: Mapping[str, str], cluster: ProxmoxConfig, template_vmid: int
-) -> str | None:
-    """Why a template cannot be used (entry 4), or None."""
-    if str(config.get("template", "0")) != "1":
-        return f"VM {template_vmid} is not a template"
-    drive = cloudinit_drive(config)
-    if drive:
-        return (
-            f"template {template_vmid} has a Proxmox cloud-init drive on {drive}, which would "
-            "compete with proxyhub's seed ISO"
-        )
-    if (cluster.bridge or cluster.vlan_tag) and "net0" not in config:
-        return f"template {template_vmid} has no net0 to put on the configured bridge or VLAN"
-    return None
-
-
-def desired_config(
-    config: Mapping[str, str],
-    cluster: ProxmoxConfig,
-    vm_name: str,
-    cores: int,
-    memory_mib: int,
-) -> dict[str, str]:
-    """The values the configure step writes (entry 10 step 6), as Proxmox stores them."""
-    wanted = {
-        "cores": str(cores),
-        "memory": str(memory_mib),
-        "agent": "1",
-        # The tag replaces the template's tags (entry 10): "template" on a proxy would mislead.
-        "tags": TAG,
-        "ide2": f"{seed_volid(cluster.iso_storage, vm_name)},media=cdrom",
-    }
-    if (cluster.bridge or cluster.vlan_tag) and "net0" in config:
-        wanted["net0"] = rewrite_net0(
-            config["net0"], bridge=cluster.bridge, vlan_tag=cluster.vlan_tag
-        )
-    return wanted
 
 
 def _rfc3339(epoch: float) -> str:

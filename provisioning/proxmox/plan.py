@@ -34,11 +34,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from uuid import UUID
 
-from .config import ProxmoxConfig, resolve_machine_type, resolve_template, resolve_zone
-from .create import desired_config
+from .config import ProxmoxConfig
 from .ids import canonical_uid, vmid_for
 from .marks import CREATED_AT_KEY, INSTALLATION_KEY, MANAGED_KEY, MANAGED_YES, UID_KEY
+from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import seed_iso_name, seed_volid
+from .template import desired_config
 
 # Changes whenever the meaning of a hash input changes, so an old hash never matches a new plan.
 PLAN_FORMAT = "proxyhub-plan/1"

@@ -40,8 +40,9 @@ from .observe import (
     list_seeds,
     orphan_seeds,
 )
-from .power import PowerMachine, PowerPreview, PowerRequest, inspect_power
+from .power import PowerMachine
 from .power import new_progress as new_power_progress
+from .power_checks import PowerPreview, PowerRequest, inspect_power
 from .steps import Progress, StepResult
 
 

@@ -32,8 +32,8 @@ from provisioning.models.choices import (
     Phase,
     RequestedVia,
 )
-from provisioning.proxmox.config import resolve_machine_type, resolve_template, resolve_zone
 from provisioning.proxmox.errors import PermanentError
+from provisioning.proxmox.placement import resolve_machine_type, resolve_template, resolve_zone
 
 from . import dispatch, policy
 from .clock import db_now

@@ -25,7 +25,8 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.ids import vm_name as vm_name_for
 from provisioning.proxmox.plan import Plan, build_plan
-from provisioning.proxmox.preflight import PREFLIGHT_BUDGET, Check, preflight
+from provisioning.proxmox.preflight import PREFLIGHT_BUDGET, preflight
+from provisioning.proxmox.preflight_checks import Check
 
 from .installation import installation_id
 from .operations import ProxySpec

@@ -32,7 +32,7 @@ from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 
 if TYPE_CHECKING:
-    from provisioning.proxmox.power import Action
+    from provisioning.proxmox.power_checks import Action
 
 # After the provider reports the VM running, how long to keep polling for its address, and
 # how often (settings PROXYHUB_ADDRESS_BUDGET_SECONDS / PROXYHUB_ADDRESS_POLL_SECONDS).
@@ -226,7 +226,7 @@ def _run_replace(
 def _run_power(
     op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
 ) -> Outcome:
-    from provisioning.proxmox.power import PowerRequest
+    from provisioning.proxmox.power_checks import PowerRequest
 
     if progress.get("stage") == "address":
         return _address(op, provider, progress, now)

@@ -10,12 +10,9 @@ import pytest
 import yaml
 
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
-from provisioning.services.catalogue import (
-    CatalogueError,
-    catalogue_export,
-    catalogue_import,
-    catalogue_load,
-)
+from provisioning.services.catalogue import CatalogueError, catalogue_load
+from provisioning.services.catalogue_export import catalogue_export
+from provisioning.services.catalogue_import import catalogue_import
 
 pytestmark = pytest.mark.django_db
 

@@ -296,7 +296,7 @@ def test_a_slow_cluster_never_holds_back_another_clusters_results(
 def test_a_token_file_imported_before_it_exists_checks_unavailable_until_it_lands(
     health: Health, tmp_path: Path
 ) -> None:
-    from provisioning.services.catalogue import catalogue_import
+    from provisioning.services.catalogue_import import catalogue_import
 
     token_file = tmp_path / "later" / "token"
     report = catalogue_import(

@@ -13,11 +13,9 @@ from provisioning.proxmox.config import (
     MachineType,
     ProxmoxConfig,
     TemplateRef,
-    resolve_machine_type,
-    resolve_template,
-    resolve_zone,
 )
 from provisioning.proxmox.errors import PermanentError
+from provisioning.proxmox.placement import resolve_machine_type, resolve_template, resolve_zone
 
 INSTALLATION = "6c1b2f0e-inst"
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from provisioning.services.catalogue import CatalogueError, catalogue_export
+from provisioning.services.catalogue import CatalogueError
+from provisioning.services.catalogue_export import catalogue_export
 
 
 class Command(BaseCommand):

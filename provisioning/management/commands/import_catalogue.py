@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from provisioning.services.catalogue import CatalogueError, catalogue_import, catalogue_load
+from provisioning.services.catalogue import CatalogueError, catalogue_load
+from provisioning.services.catalogue_import import catalogue_import
 
 
 class Command(BaseCommand):

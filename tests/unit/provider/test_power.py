@@ -19,7 +19,7 @@ from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import NotFoundError, PermanentError, TransientError
 from provisioning.proxmox.marks import render_mark
-from provisioning.proxmox.power import PowerRequest
+from provisioning.proxmox.power_checks import PowerRequest
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.steps import StepResult
 from tests.support.simtransport import sim_api

@@ -17,12 +17,14 @@ import pytest
 from provider_world import GOOD_TEMPLATE, World
 from test_plan import plan_of
 
-from provisioning.proxmox import preflight as preflight_module
+from provisioning.proxmox import preflight_checks
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import PermanentError
 from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.plan import Plan
-from provisioning.proxmox.preflight import CHECK_CODES, Check, WriteRefused, preflight, read_only
+from provisioning.proxmox.preflight import CHECK_CODES, preflight
+from provisioning.proxmox.preflight_checks import Check
+from provisioning.proxmox.preflight_reads import WriteRefused, read_only
 
 GIB = 1024**3
 # Proxmox's own texts and values read from Proxmox configs: none may reach a message unless
@@ -326,7 +328,7 @@ def test_a_bug_in_one_check_leaves_the_others_standing(
     def broken(value: str, key: str) -> str:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(preflight_module, "_option", broken)
+    monkeypatch.setattr(preflight_checks, "_option", broken)
     checks = run(world, plan_for(world))
     assert checks["bridge"].status == "unknown"
     assert {s for c, s in statuses(checks).items() if c != "bridge"} == {"passed"}
