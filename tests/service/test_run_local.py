@@ -32,7 +32,7 @@ with open(os.path.join(root, "manage-calls.jsonl"), "a") as fh:
     fh.write(json.dumps({
         "argv": sys.argv[1:],
         "password": os.environ.get("RUN_LOCAL_ADMIN_PASSWORD"),
-        "debug": os.environ.get("DJANGO_DEBUG"),
+        "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
         "redis": os.environ.get("REDIS_URL"),
         "var": os.environ.get("PROXYHUB_VAR_DIR"),
     }) + "\\n")
@@ -100,6 +100,7 @@ def fake_repo(tmp_path: Path) -> Path:
 
 
 HOST_SETTINGS = (
+    "DJANGO_SETTINGS_MODULE",  # pytest-django exports the test suite's
     "REDIS_URL",
     "DATABASE_URL",
     "DJANGO_DEBUG",
@@ -201,8 +202,10 @@ def test_steps_run_in_order_and_print_the_admin_login(run_local, fake_repo: Path
     assert calls[1]["argv"] == ["import_catalogue", str(catalogue)]
     assert "kind: ProxmoxCluster" in catalogue.read_text()
 
-    # The embedded default: debug settings for runserver, no Redis, state under var/.
-    assert all(call["debug"] == "true" and call["redis"] is None for call in calls)
+    # The embedded default: development settings for runserver, no Redis, state under var/.
+    assert all(
+        call["settings"] == "proxyhub.settings.local" and call["redis"] is None for call in calls
+    )
     assert all(call["var"] == str(fake_repo / "var") for call in calls)
     # Metrics files of an earlier run would be added to this run's counters.
     assert not stale_metrics.exists()
