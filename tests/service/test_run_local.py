@@ -1,9 +1,11 @@
 """``make run`` (bin/run-local): the order of the steps, the admin login, and stopping everything.
 
-The script runs here against a stand-in repository: the real ``bin/run-local`` and the real
-simulator (``provisioning`` linked in), but a ``manage.py`` that records what it was asked and a
-``Procfile.local`` of small stand-in processes. That keeps the test to seconds and independent of
-the Django project, while everything the script itself does (children, signals, files) is real.
+The script runs here against a stand-in repository: the real ``bin/run-local`` with its
+``bin/runlocal/`` modules (copied, since they find the repository from where they are) and the
+real simulator (``provisioning`` linked in), but a ``manage.py`` that records what it was asked
+and a ``Procfile.local`` of small stand-in processes. That keeps the test to seconds and
+independent of the Django project, while everything the script itself does (children, signals,
+files) is real.
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def fake_repo(tmp_path: Path) -> Path:
     (tmp_path / "bin").mkdir()
     shutil.copy2(REPO / "bin" / "run-local", tmp_path / "bin" / "run-local")
+    shutil.copytree(
+        REPO / "bin" / "runlocal",
+        tmp_path / "bin" / "runlocal",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (tmp_path / "provisioning").symlink_to(REPO / "provisioning")
     (tmp_path / "manage.py").write_text(FAKE_MANAGE)
     (tmp_path / "Procfile.local").write_text(FAKE_PROCFILE)
