@@ -8,6 +8,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # gunicorn's number of worker processes; .env (env_file) can override it.
 ENV WEB_CONCURRENCY=3
+# Every command of the image runs with production's settings (also the default when unset).
+ENV DJANGO_SETTINGS_MODULE=proxyhub.settings.production
 
 # A fixed, unprivileged uid, so files on bind mounts (the Proxmox token and CA) can be given
 # to it: chown 10001 or a group-readable file.
@@ -25,8 +27,8 @@ RUN pip install -r requirements.txt
 COPY . .
 
 # Static files for the admin, collected at build time into STATIC_ROOT (/app/var/static).
-# Settings refuse to load without a secret key when DEBUG is off; this one exists only for
-# this command and is not in the image's environment.
+# Production's settings refuse to load without a secret key; this one exists only for this
+# command and is not in the image's environment.
 RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput \
     && mkdir -p /app/var /pvesim \
     && chown -R proxyhub:proxyhub /app/var /pvesim

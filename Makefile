@@ -23,10 +23,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The django-stubs plugin imports proxyhub.settings, which refuses to load without a secret key
-# (production-safe default); a throwaway one is enough to learn the models and apps.
+# The django-stubs plugin imports proxyhub.settings.production, which refuses to load without a
+# secret key or with DJANGO_DEBUG on; a throwaway key is enough to learn the models and apps.
 typecheck: $(STAMP)
-	DJANGO_SECRET_KEY=typecheck-only-not-a-secret $(BIN)/mypy
+	DJANGO_SECRET_KEY=typecheck-only-not-a-secret DJANGO_DEBUG=false $(BIN)/mypy
 
 # Unit, HTTP and service tests on SQLite.
 pytest: $(STAMP)

@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""Django's command-line utility for proxyhub."""
+"""Django's command-line utility for proxyhub (production settings unless
+``DJANGO_SETTINGS_MODULE`` selects others; see ``proxyhub.settings``)."""
 
-import os
 import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+    from proxyhub.settings import select_default_settings_module
+
+    select_default_settings_module()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -3,8 +3,8 @@
 For each N (default 20 and 200) a fresh stack is started exactly as the integration tier
 starts it (tests/integration/itstack.py): the HTTPS simulator on the ``fast`` profile, a
 PostgreSQL database of its own, a Redis database of its own, and one
-``celery -A proxyhub worker --concurrency 1``. Settings are production's (``proxyhub.settings``)
-with only the poll intervals given on the command line. Then:
+``celery -A proxyhub worker --concurrency 1``. Settings are production's
+(``proxyhub.settings.production``) with only the poll intervals given on the command line. Then:
 
 * ``manage.py proxies create --count N`` is run;
 * ``manage.py proxies wait --phase Running`` waits (every proxy Running with an address);
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 database=f"proxyhub_bench_{os.getpid()}",
                 profile="fast",
                 time_scale=args.time_scale,
-                settings_module="proxyhub.settings",
+                settings_module="proxyhub.settings.production",
                 extra_env=env,
             ) as stack,
         ):

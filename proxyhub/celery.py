@@ -1,7 +1,8 @@
 """The Celery app ``proxyhub``: ``celery -A proxyhub worker`` and ``celery -A proxyhub beat``.
 
 All configuration comes from Django settings under the ``CELERY_`` prefix (see the CELERY
-section of ``proxyhub.settings`` for why each value is what it is). Workers log through Django's
+section of ``proxyhub.settings.base`` for why each value is what it is); production's settings
+unless ``DJANGO_SETTINGS_MODULE`` selects others. Workers log through Django's
 ``LOGGING`` rather than Celery's own handlers, so their lines are the same JSON as the web's.
 
 ``check_visibility_timeout`` guards the one setting whose wrong value silently duplicates work:
@@ -12,7 +13,6 @@ unsafe value.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +20,9 @@ from celery import Celery
 from celery.signals import setup_logging
 from django.core import checks
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+from proxyhub.settings import select_default_settings_module
+
+select_default_settings_module()
 
 app = Celery("proxyhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -1,9 +1,9 @@
 """WSGI entry point for gunicorn: ``gunicorn proxyhub.wsgi``."""
 
-import os
-
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+from proxyhub.settings import select_default_settings_module
+
+select_default_settings_module()
 
 application = get_wsgi_application()

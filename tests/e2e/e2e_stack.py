@@ -28,13 +28,13 @@ SCREENSHOTS = REPO / "var" / "screenshots"
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """A production-like environment: no PYTEST_VERSION, nothing inherited but PATH and HOME."""
+    """A production environment: production's settings, nothing inherited but PATH and HOME."""
     env = {
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
         "HOME": os.environ.get("HOME", "/root"),
         "PYTHONPATH": str(REPO),
         "PYTHONUNBUFFERED": "1",
-        "DJANGO_SETTINGS_MODULE": "proxyhub.settings",
+        "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
     }
     env.update(extra)
     return env

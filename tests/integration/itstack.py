@@ -8,9 +8,10 @@
 * ``celery -A proxyhub worker`` processes, each the leader of its own process group so a test
   can SIGKILL a whole worker (parent and pool children) at once, and ``celery -A proxyhub beat``.
 
-Every child gets an environment built from scratch (no ``PYTEST_VERSION``), so it behaves as a
-production process: DEBUG off, a real secret key, Redis and PostgreSQL from the URLs. The only
-departures are timing knobs (short polls, claim and sweeper grace), set in the environment.
+Every child gets an environment built from scratch with ``proxyhub.settings.production``, so
+it is a production process: DEBUG off, a real secret key, Redis and PostgreSQL from the URLs.
+The only departures are timing knobs (short polls, claim and sweeper grace), set in the
+environment.
 
 The benchmarks (``benchmarks/fleet.py``) start the same stack, so this module does not import
 pytest and does not import Django.
@@ -599,7 +600,7 @@ def stack_env(
     database_url: str,
     redis_url: str,
     var_dir: Path,
-    settings_module: str = "proxyhub.settings",
+    settings_module: str = "proxyhub.settings.production",
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of every proxyhub process of the stack (DESIGN.md §7, Processes)."""
@@ -629,7 +630,7 @@ def running_stack(
     database: str,
     profile: str = "fast",
     time_scale: float = 1.0,
-    settings_module: str = "proxyhub.settings",
+    settings_module: str = "proxyhub.settings.production",
     extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Stack]:
     """Simulator + fresh database + a Redis database of its own, migrated and with the

@@ -20,7 +20,7 @@ from typing import Any
 
 
 def _setup() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "proxyhub.settings.production")
     import django
 
     django.setup()

@@ -2,8 +2,9 @@
 
 Settings are read once per process from the environment, so whatever depends on environment
 variables (production defaults, REDIS_URL, DATABASE_URL, the deploy checks) is tested in a child
-process whose environment holds only what the test gives it. ``PYTEST_VERSION`` is not passed
-on, so the child gets production behaviour, not the test-run conveniences of the settings.
+process whose environment holds only what the test gives it. ``prod_env`` selects
+``proxyhub.settings.production``, so the child is a production process, not one with the test
+suite's settings.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def prod_env(tmp_path: Path) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(REPO),
-        "DJANGO_SETTINGS_MODULE": "proxyhub.settings",
+        "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
         "DJANGO_SECRET_KEY": STRONG_KEY,
         "DJANGO_ALLOWED_HOSTS": "proxyhub.example.com,testserver",
         "PROXYHUB_VAR_DIR": str(tmp_path / "var"),

@@ -182,6 +182,15 @@ def test_dockerfile_builds_a_non_root_gunicorn_image() -> None:
     assert not any(line.startswith("ENV") and "SECRET" in line for line in lines)
 
 
+def test_containers_run_the_production_settings(services: dict[str, Any]) -> None:
+    """The image selects production's settings, and no service selects others."""
+    dockerfile = (REPO / "Dockerfile").read_text().splitlines()
+    assert "ENV DJANGO_SETTINGS_MODULE=proxyhub.settings.production" in dockerfile
+    for name in APP_SERVICES:
+        environment = services[name].get("environment", {})
+        assert "DJANGO_SETTINGS_MODULE" not in str(environment), name
+
+
 def test_build_context_leaves_out_state_and_secrets() -> None:
     ignored = set((REPO / ".dockerignore").read_text().split())
     assert {".env", "var", ".venv", ".git", "proxmox-credentials"} <= ignored

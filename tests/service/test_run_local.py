@@ -1,7 +1,8 @@
 """``make run`` (bin/run-local): the order of the steps, the admin login, and stopping everything.
 
-The script runs here against a stand-in repository: the real ``bin/run-local`` and the real
-simulator (``pvesim`` linked in, and nothing of ``provisioning``), but a ``manage.py`` that
+The script runs here against a stand-in repository: the real ``bin/run-local`` with its
+``bin/runlocal/`` modules (copied, since they find the repository from where they are) and the
+real simulator (``pvesim`` linked in, and nothing of ``provisioning``), but a ``manage.py`` that
 records what it was asked and a ``Procfile.local`` of small stand-in processes. That keeps the
 test to seconds and independent of the Django project, while everything the script itself does
 (children, signals, files) is real.
@@ -33,7 +34,7 @@ with open(os.path.join(root, "manage-calls.jsonl"), "a") as fh:
     fh.write(json.dumps({
         "argv": sys.argv[1:],
         "password": os.environ.get("RUN_LOCAL_ADMIN_PASSWORD"),
-        "debug": os.environ.get("DJANGO_DEBUG"),
+        "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
         "redis": os.environ.get("REDIS_URL"),
         "var": os.environ.get("PROXYHUB_VAR_DIR"),
     }) + "\\n")
@@ -93,6 +94,11 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def fake_repo(tmp_path: Path) -> Path:
     (tmp_path / "bin").mkdir()
     shutil.copy2(REPO / "bin" / "run-local", tmp_path / "bin" / "run-local")
+    shutil.copytree(
+        REPO / "bin" / "runlocal",
+        tmp_path / "bin" / "runlocal",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     (tmp_path / "pvesim").symlink_to(REPO / "pvesim")
     (tmp_path / "manage.py").write_text(FAKE_MANAGE)
     (tmp_path / "Procfile.local").write_text(FAKE_PROCFILE)
@@ -101,6 +107,7 @@ def fake_repo(tmp_path: Path) -> Path:
 
 
 HOST_SETTINGS = (
+    "DJANGO_SETTINGS_MODULE",  # pytest-django exports the test suite's
     "REDIS_URL",
     "DATABASE_URL",
     "DJANGO_DEBUG",
@@ -202,8 +209,10 @@ def test_steps_run_in_order_and_print_the_admin_login(run_local, fake_repo: Path
     assert calls[1]["argv"] == ["import_catalogue", str(catalogue)]
     assert "kind: ProxmoxCluster" in catalogue.read_text()
 
-    # The embedded default: debug settings for runserver, no Redis, state under var/.
-    assert all(call["debug"] == "true" and call["redis"] is None for call in calls)
+    # The embedded default: development settings for runserver, no Redis, state under var/.
+    assert all(
+        call["settings"] == "proxyhub.settings.local" and call["redis"] is None for call in calls
+    )
     assert all(call["var"] == str(fake_repo / "var") for call in calls)
     # Metrics files of an earlier run would be added to this run's counters.
     assert not stale_metrics.exists()

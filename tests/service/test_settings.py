@@ -1,5 +1,10 @@
 """Settings from the environment, the deploy checklist, the Celery configuration, error reports
-and log lines: what an operator relies on when proxyhub starts in production."""
+and log lines: what an operator relies on when proxyhub starts in production.
+
+Which settings module a process gets (``proxyhub.settings.production``, ``local`` or ``test``) is
+tested in child processes too, each with exactly the environment an operator, ``make run`` or
+pytest would give it.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ from proxyhub.logging import REDACTED, JsonFormatter, RedactSecretsFilter, redac
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Runs in the child: record every variable the settings module reads, then print
-# them with the settings the tests look at.
+# Runs in the child: record every variable the settings module reads (the one
+# DJANGO_SETTINGS_MODULE names, as Django finds it), then print them with the settings the tests
+# look at.
 _DUMP = """
 import importlib, json, os
 import proxyhub  # the package and Celery first, so only the settings module's reads are recorded
@@ -36,11 +42,14 @@ class Recording(dict):
         read.add(key)
         return super().__contains__(key)
 os.environ = Recording(os.environ)
-s = importlib.import_module("proxyhub.settings")
+s = importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"])
 db = s.DATABASES["default"]
 print("DUMP " + json.dumps({
     "read": sorted(read),
     "DEBUG": s.DEBUG,
+    "development_key": s.SECRET_KEY.startswith("django-insecure-"),
+    "hsts": s.SECURE_HSTS_SECONDS,
+    "cookies_secure": [s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE],
     "db": {"ENGINE": db["ENGINE"], "NAME": str(db["NAME"]), "OPTIONS": db.get("OPTIONS", {})},
     "broker_url": s.CELERY_BROKER_URL,
     "transport_options": s.CELERY_BROKER_TRANSPORT_OPTIONS,
@@ -52,8 +61,15 @@ print("DUMP " + json.dumps({
 
 
 def _settings_in(env: dict[str, str]) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", _DUMP],
+    done = _python(env, "-c", _DUMP)
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("DUMP "))
+    return json.loads(line.removeprefix("DUMP "))
+
+
+def _python(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -61,9 +77,15 @@ def _settings_in(env: dict[str, str]) -> dict:
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, done.stderr
-    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("DUMP "))
-    return json.loads(line.removeprefix("DUMP "))
+
+
+def _selecting(module: str, prod_env: dict[str, str]) -> dict[str, str]:
+    """``prod_env`` with ``module`` selected; local and test get no secret key, as ``make run``
+    and pytest do not need one."""
+    env = {**prod_env, "DJANGO_SETTINGS_MODULE": module}
+    if module != "proxyhub.settings.production":
+        del env["DJANGO_SECRET_KEY"]
+    return env
 
 
 def _env_example() -> dict[str, str]:
@@ -82,10 +104,12 @@ def _env_example() -> dict[str, str]:
 COMPOSE_ONLY = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
 
 
-def test_env_example_lists_exactly_the_variables_settings_read(prod_env: dict[str, str]) -> None:
-    dumped = _settings_in(prod_env)
-    read = set(dumped["read"]) - {"PYTEST_VERSION"}
-    assert read == set(_env_example()) - COMPOSE_ONLY
+@pytest.mark.parametrize("module", ["production", "local", "test"])
+def test_env_example_lists_exactly_the_variables_settings_read(
+    prod_env: dict[str, str], module: str
+) -> None:
+    dumped = _settings_in(_selecting(f"proxyhub.settings.{module}", prod_env))
+    assert set(dumped["read"]) == set(_env_example()) - COMPOSE_ONLY
 
 
 def test_production_defaults_are_the_embedded_single_machine_setup(
@@ -179,7 +203,8 @@ def test_production_settings_pass_the_deploy_checklist(prod_env: dict[str, str],
 @pytest.mark.parametrize(
     ("change", "warning"),
     [
-        ({"DJANGO_DEBUG": "true"}, "security.W018"),
+        # DEBUG on with a real key: only local allows it (production refuses to start, below).
+        ({"DJANGO_SETTINGS_MODULE": "proxyhub.settings.local"}, "security.W018"),
         ({"DJANGO_SECRET_KEY": "short-and-weak"}, "security.W009"),
         ({"DJANGO_SECURE_SSL_REDIRECT": "false"}, "security.W008"),
     ],
@@ -193,17 +218,138 @@ def test_deploy_checklist_fails_on_unsafe_settings(
     assert warning in done.stderr + done.stdout
 
 
-def test_production_refuses_to_start_without_a_secret_key(prod_env: dict[str, str], manage) -> None:
+@pytest.mark.parametrize("key", [None, ""], ids=["unset", "empty"])
+def test_production_refuses_to_start_without_a_secret_key(
+    prod_env: dict[str, str], manage, key: str | None
+) -> None:
     env = {k: v for k, v in prod_env.items() if k != "DJANGO_SECRET_KEY"}
+    if key is not None:
+        env["DJANGO_SECRET_KEY"] = key
     done = manage(env, "check")
     assert done.returncode != 0
-    assert "DJANGO_SECRET_KEY" in done.stderr
+    assert "ImproperlyConfigured: DJANGO_SECRET_KEY is not set" in done.stderr
 
 
-def test_debug_gives_a_development_key(prod_env: dict[str, str], manage) -> None:
+def test_a_worker_refuses_to_start_without_a_secret_key(prod_env: dict[str, str]) -> None:
+    """``celery -A proxyhub`` loads production's settings too, so it refuses the same way."""
     env = {k: v for k, v in prod_env.items() if k != "DJANGO_SECRET_KEY"}
-    done = manage({**env, "DJANGO_DEBUG": "true"}, "check")
+    celery = str(Path(sys.executable).parent / "celery")
+    done = subprocess.run(
+        [celery, "-A", "proxyhub", "inspect", "ping", "--timeout", "1"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "DJANGO_SECRET_KEY is not set" in done.stdout + done.stderr
+
+
+def test_production_refuses_debug(prod_env: dict[str, str], manage) -> None:
+    """DJANGO_DEBUG=true used to give the development conveniences; production refuses it and
+    says which module gives them."""
+    done = manage({**prod_env, "DJANGO_DEBUG": "true"}, "check")
+    assert done.returncode != 0
+    assert "ImproperlyConfigured: DJANGO_DEBUG is true" in done.stderr
+    assert "DJANGO_SETTINGS_MODULE=proxyhub.settings.local" in done.stderr
+
+
+def test_local_gives_a_development_key(prod_env: dict[str, str], manage) -> None:
+    done = manage(_selecting("proxyhub.settings.local", prod_env), "check")
     assert done.returncode == 0, done.stderr
+
+
+# --- which settings module ---------------------------------------------------------------------
+
+
+_SHOW_MODULE = "from django.conf import settings; print('MODULE', settings.SETTINGS_MODULE)"
+
+
+@pytest.mark.parametrize(
+    ("entry", "selected"),
+    [
+        ("manage.py", None),
+        ("manage.py", ""),
+        ("proxyhub.wsgi", None),
+        ("proxyhub.asgi", None),
+        ("proxyhub.celery", None),
+    ],
+    ids=["manage.py", "manage.py-empty", "wsgi", "asgi", "celery"],
+)
+def test_every_entry_point_defaults_to_production(
+    prod_env: dict[str, str], entry: str, selected: str | None
+) -> None:
+    """An operator who sets only the documented variables gets production, from
+    ``manage.py``, ``gunicorn proxyhub.wsgi:application``, ASGI and ``celery -A proxyhub``
+    alike; an empty value (a copied .env.example) is the default too."""
+    env = {k: v for k, v in prod_env.items() if k != "DJANGO_SETTINGS_MODULE"}
+    if selected is not None:
+        env["DJANGO_SETTINGS_MODULE"] = selected
+    if entry == "manage.py":
+        done = _python(env, "manage.py", "shell", "--no-imports", "-c", _SHOW_MODULE)
+    else:
+        done = _python(env, "-c", f"import {entry}; {_SHOW_MODULE}")
+    assert done.returncode == 0, done.stderr
+    assert "MODULE proxyhub.settings.production" in done.stdout.splitlines()
+
+
+def test_the_settings_package_is_not_a_settings_module(prod_env: dict[str, str], manage) -> None:
+    """``proxyhub.settings`` was the one settings module; selected now, Django would load no
+    apps at all (``migrate`` would find nothing to do), so it is refused with the new name."""
+    done = manage({**prod_env, "DJANGO_SETTINGS_MODULE": "proxyhub.settings"}, "migrate")
+    assert done.returncode != 0
+    assert "select proxyhub.settings.production" in done.stderr
+
+
+def test_local_is_runserver_on_plain_http(prod_env: dict[str, str], tmp_path: Path) -> None:
+    """What ``make run`` selects: DEBUG, a development key, no HTTPS redirect or HSTS, cookies
+    over HTTP; the same embedded state under var/ as production."""
+    dumped = _settings_in(_selecting("proxyhub.settings.local", prod_env))
+    assert dumped["DEBUG"] is True
+    assert dumped["development_key"] is True
+    assert dumped["ssl_redirect"] is False
+    assert dumped["hsts"] == 0
+    assert dumped["cookies_secure"] == [False, False]
+    assert dumped["db"]["NAME"] == str(tmp_path / "var" / "proxyhub.sqlite3")
+    assert dumped["broker_url"].startswith("filesystem://")
+    assert Path(dumped["multiproc"]) == tmp_path / "var" / "metrics"
+    # DJANGO_DEBUG=false still works there, for the pages a deployment shows.
+    off = _settings_in({**_selecting("proxyhub.settings.local", prod_env), "DJANGO_DEBUG": "false"})
+    assert off["DEBUG"] is False
+    assert off["ssl_redirect"] is False
+
+
+def test_test_settings_outside_pytest(prod_env: dict[str, str]) -> None:
+    """The test module needs nothing from the shell: a fixed key, no HTTPS redirect for the
+    test client, process-local metrics; otherwise production's values."""
+    dumped = _settings_in(_selecting("proxyhub.settings.test", prod_env))
+    assert dumped["DEBUG"] is False
+    assert dumped["development_key"] is False
+    assert dumped["ssl_redirect"] is False
+    assert dumped["multiproc"] == ""
+    assert dumped["hsts"] == 31_536_000
+    assert dumped["cookies_secure"] == [True, True]
+
+
+def test_pytest_runs_on_the_test_settings() -> None:
+    # pytest-django prefers an exported DJANGO_SETTINGS_MODULE over pyproject.toml.
+    assert settings.SETTINGS_MODULE == "proxyhub.settings.test", (
+        "DJANGO_SETTINGS_MODULE is exported in this shell; unset it to run the tests"
+    )
+    assert settings.SECURE_SSL_REDIRECT is False
+
+
+def test_no_settings_module_sniffs_the_test_runner() -> None:
+    """Which settings apply is DJANGO_SETTINGS_MODULE's choice alone, never a guess from the
+    environment of a test runner."""
+    sources = sorted((REPO / "proxyhub").rglob("*.py"))
+    assert any(p.name == "production.py" for p in sources)
+    for path in sources:
+        text = path.read_text()
+        for marker in ("PYTEST_VERSION", "PYTEST_CURRENT_TEST", '"pytest" in sys.modules'):
+            assert marker not in text, f"{path.relative_to(REPO)} mentions {marker}"
 
 
 # --- Celery ------------------------------------------------------------------------------------

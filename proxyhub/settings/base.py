@@ -1,18 +1,16 @@
-"""proxyhub's settings, one module, every value from the environment (django-environ).
+"""Settings every environment shares; every value from the environment (django-environ).
 
-Every variable read here is listed with its default in ``.env.example``. The defaults are
-production-safe: ``DJANGO_DEBUG`` is off unless set, a missing ``DJANGO_SECRET_KEY`` stops the
-process, and the HTTPS settings satisfy ``manage.py check --deploy --fail-level WARNING``.
-Development conveniences (a throwaway secret key, no HTTPS redirect, cookies over plain HTTP)
-apply only when ``DJANGO_DEBUG`` is true, which is what ``make run`` sets.
+Every variable read here is listed with its default in ``.env.example``. The values are
+production's wherever an environment could differ: DEBUG off unless ``DJANGO_DEBUG`` says
+otherwise, the HTTPS redirect on, HSTS and secure cookies. ``local`` relaxes what runserver on
+127.0.0.1 needs, ``test`` what the test client needs, and ``production`` adds only refusals.
 
-A test run is the one other exception: pytest-django imports this module before any conftest
-can set variables, so under pytest (pytest exports ``PYTEST_VERSION`` for the whole session) a
-fixed test key replaces the missing secret and the HTTPS redirect is off, so the test client can
-speak plain HTTP. Production processes never carry ``PYTEST_VERSION``.
+What this module leaves to the one that imports it: ``SECRET_KEY`` (required in production, a
+default elsewhere) and the metrics directory (``PROMETHEUS_MULTIPROC_DIR = metrics_dir(...)``),
+whose default differs between a test run and everything else.
 
 proxyhub's own knobs are plain ``PROXYHUB_*`` settings (not one dict), so tests can override
-each with ``override_settings`` and ``settings.PROXYHUB_LEASE_SECONDS`` reads as what it is.
+each with ``override_settings`` and ``settings.PROXYHUB_STEP_CLAIM_SECONDS`` reads as what it is.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 class _NonEmptyEnviron(Mapping[str, str]):
@@ -59,8 +57,6 @@ env.ENVIRON = _NonEmptyEnviron()
 if env.bool("DJANGO_READ_DOT_ENV_FILE", default=False):
     environ.Env.read_env(str(BASE_DIR / ".env"))
 
-_UNDER_PYTEST = "PYTEST_VERSION" in os.environ
-
 # Everything proxyhub writes locally (SQLite database, embedded broker, metrics files, collected
 # static files) lives under one directory, so a container mounts one volume. A relative path is
 # relative to the repository, not to the working directory.
@@ -84,20 +80,8 @@ _ensure_dir(VAR_DIR)
 # GENERAL
 # ----------------------------------------------------------------------------------------------
 # https://docs.djangoproject.com/en/5.2/ref/settings/#debug
+# Off unless set: production refuses it on, local turns its default on.
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
-
-# https://docs.djangoproject.com/en/5.2/ref/settings/#secret-key
-# Required in production: env.str raises ImproperlyConfigured naming the variable when unset.
-if DEBUG:
-    SECRET_KEY = env.str(
-        "DJANGO_SECRET_KEY", default="django-insecure-proxyhub-development-key-never-in-production"
-    )
-elif _UNDER_PYTEST:
-    SECRET_KEY = env.str(
-        "DJANGO_SECRET_KEY", default="proxyhub-test-suite-key-4f9c2a7e81d3b6a05c9e2f71d8b3a6e4"
-    )
-else:
-    SECRET_KEY = env.str("DJANGO_SECRET_KEY")
 
 # https://docs.djangoproject.com/en/5.2/ref/settings/#allowed-hosts
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
@@ -208,9 +192,7 @@ STORAGES = {
 # either keep the redirect and set DJANGO_SECURE_PROXY_SSL_HEADER=true so Django trusts the
 # proxy's X-Forwarded-Proto (only when the proxy overwrites that header from clients), or let the
 # proxy redirect and set DJANGO_SECURE_SSL_REDIRECT=false.
-SECURE_SSL_REDIRECT = env.bool(
-    "DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG and not _UNDER_PYTEST
-)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
 if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Probes and Prometheus talk to the process directly over the internal network, often by IP
@@ -218,14 +200,14 @@ if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 # One year, subdomains included. Preload stays off: submitting a domain to the browsers' preload
 # list is a commitment for every host under it that an operator must make, not a default.
-SECURE_HSTS_SECONDS = 0 if DEBUG else 31_536_000
-SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_SECONDS = 31_536_000
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = False
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
-SESSION_COOKIE_SECURE = not DEBUG
+SESSION_COOKIE_SECURE = True
 SESSION_COOKIE_HTTPONLY = True
-CSRF_COOKIE_SECURE = not DEBUG
+CSRF_COOKIE_SECURE = True
 X_FRAME_OPTIONS = "DENY"
 # security.W021 asks for HSTS preload, which is deliberately off (see above).
 SILENCED_SYSTEM_CHECKS = ["security.W021"]
@@ -406,15 +388,19 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Proxmox calls happen in worker processes, /metrics is served by the web process: both write
 # their counters to files in one directory (prometheus_client's multiprocess mode) and /metrics
 # adds them up. prometheus_client decides the mode when it is first imported, so the variable is
-# set here, before anything imports it. Every process on a machine must share the directory;
-# empty it before starting them (not while they run). Under pytest the default is not applied:
-# tests keep process-local metrics unless they set PROMETHEUS_MULTIPROC_DIR themselves.
-PROMETHEUS_MULTIPROC_DIR = env.str(
-    "PROMETHEUS_MULTIPROC_DIR", default="" if _UNDER_PYTEST else str(VAR_DIR / "metrics")
-)
-if PROMETHEUS_MULTIPROC_DIR:
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
-    _ensure_dir(Path(PROMETHEUS_MULTIPROC_DIR))
+# exported here, before anything imports it. Every process on a machine must share the directory;
+# empty it before starting them (not while they run).
+
+
+def metrics_dir(*, default: str) -> str:
+    """``PROMETHEUS_MULTIPROC_DIR``, exported for prometheus_client and created; empty for
+    process-local metrics. The importing module calls it with its own default."""
+    path = env.str("PROMETHEUS_MULTIPROC_DIR", default=default)
+    if path:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+        _ensure_dir(Path(path))
+    return path
+
 
 # ----------------------------------------------------------------------------------------------
 # LOGGING

@@ -1,0 +1,33 @@
+"""Settings of ``make run``: runserver in plain HTTP on 127.0.0.1, for one developer.
+
+bin/run-local selects this module for migrate, the catalogue import, the admin user and the
+Procfile's web, worker and Beat; a command run by hand beside it selects it too
+(``DJANGO_SETTINGS_MODULE=proxyhub.settings.local``). Everything else is ``base``: the same
+SQLite file and embedded broker under ``var/``, the same metrics directory, the same knobs.
+``manage.py check --deploy`` fails here, by design.
+"""
+
+from __future__ import annotations
+
+from .base import *  # noqa: F403
+from .base import VAR_DIR, env, metrics_dir
+
+# Django's debug pages and runserver's static files; DJANGO_DEBUG=false shows the pages a
+# deployment would.
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+
+# A throwaway key, so a fresh clone runs with no setup; "django-insecure-" makes check --deploy
+# flag it (security.W009) should it ever reach a deployment.
+SECRET_KEY = env.str(
+    "DJANGO_SECRET_KEY", default="django-insecure-proxyhub-development-key-never-in-production"
+)
+
+# runserver speaks plain HTTP: no redirect to HTTPS, no HSTS (a browser would remember it for
+# 127.0.0.1 for a year), and cookies a browser sends over HTTP.
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = False
+SESSION_COOKIE_SECURE = False
+CSRF_COOKIE_SECURE = False
+
+PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))

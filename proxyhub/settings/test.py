@@ -1,0 +1,27 @@
+"""Settings of the test suite: pytest selects this module (pyproject.toml,
+``[tool.pytest.ini_options] DJANGO_SETTINGS_MODULE``).
+
+pytest-django imports it before any conftest can set variables, so whatever a test run needs
+and a developer's shell does not provide is a default here. Everything else is ``base``, so the
+tests see production's values (DEBUG off, HSTS, secure cookies). Tests that need production
+itself, or another environment, start a child process with ``DJANGO_SETTINGS_MODULE`` set
+(tests/service/conftest.py ``prod_env``, the integration and browser tiers).
+"""
+
+from __future__ import annotations
+
+from .base import *  # noqa: F403
+from .base import env, metrics_dir
+
+# Django needs a key and no test should depend on the shell providing one; fixed, so runs are
+# reproducible.
+SECRET_KEY = env.str(
+    "DJANGO_SECRET_KEY", default="proxyhub-test-suite-key-4f9c2a7e81d3b6a05c9e2f71d8b3a6e4"
+)
+
+# The test client speaks plain HTTP; a redirect would answer every request with a 301.
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+
+# Process-local metrics, so one test's counters are not another process's files; a test that
+# wants the multiprocess mode sets PROMETHEUS_MULTIPROC_DIR itself.
+PROMETHEUS_MULTIPROC_DIR = metrics_dir(default="")
