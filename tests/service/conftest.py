@@ -42,11 +42,17 @@ print("PROBE " + json.dumps(out))
 
 
 @pytest.fixture(autouse=True)
-def _installation_id_file(settings: Any, tmp_path: Path) -> None:
+def _installation_id_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each test has a database of its own, so it gets its own installation identity file too
-    (services.installation writes it when a fresh database first draws its identity)."""
-    settings.PROXYHUB_INSTALLATION_ID = ""
-    settings.PROXYHUB_INSTALLATION_ID_FILE = str(tmp_path / "installation-id")
+    (services.installation writes it when a fresh database first draws its identity). Patched
+    on the settings object itself: an override_settings here would hide which settings module
+    the run uses from the tests that check it."""
+    from django.conf import settings
+
+    monkeypatch.setattr(settings, "PROXYHUB_INSTALLATION_ID", "")
+    monkeypatch.setattr(
+        settings, "PROXYHUB_INSTALLATION_ID_FILE", str(tmp_path / "installation-id")
+    )
 
 
 @pytest.fixture
