@@ -32,7 +32,7 @@ from typing import Any
 from .deadline import Deadline
 from .errors import PermanentError, TaskFailed, TransientError
 from .power_checks import OP, PowerPreview, PowerRequest, judge_power
-from .steps import Progress, StepMachine, StepResult, advance, fail, submit_once
+from .steps import Progress, StepMachine, StepResult, advance, submit_once
 from .tasks import parse_upid
 
 log = logging.getLogger("proxyhub.proxmox.provider")
@@ -222,20 +222,28 @@ class PowerMachine(StepMachine[PowerRequest]):
         )
 
         def failed(err: TaskFailed) -> StepResult:
-            # The receipt is read, never resubmitted; a later attempt records a new intent.
-            retry = advance(progress, "inspect")
+            # Seed 001: "A stopped task with an error has state failed; it is not retried." The
+            # receipt is read, never resubmitted, and no new intent is recorded: the operation
+            # ends with the task's exit status, and a further try is the operator's.
             if req.action != "start" and _POWERDOWN_TIMEOUT in err.exitstatus:
-                error = TransientError(
+                error = PermanentError(
                     f"VM {req.vmid} ({req.vm_name}) did not power off within "
                     f"{SHUTDOWN_TIMEOUT} s of the graceful {req.action} (Proxmox: "
                     f"{err.exitstatus})",
                     remediation="the guest ignored the ACPI or guest-agent shutdown and nothing "
                     "was forced, so the VM still runs; check the guest (agent, ACPI), then "
-                    "retry, or stop it in Proxmox",
+                    "ask again, or stop it in Proxmox",
                     op=OP,
                 )
-                return StepResult("error", retry, "wait", upid=err.upid, error=error)
-            return fail(retry, "wait", err, op=OP)
+            else:
+                error = PermanentError(
+                    f"Proxmox ran the {req.action} of VM {req.vmid} ({req.vm_name}) and it "
+                    f"stopped with an error: {err.exitstatus}",
+                    remediation="the task log on the node has details; a failed power task is "
+                    "not repeated (seed 001), so ask again once the cause is fixed",
+                    op=OP,
+                )
+            return StepResult("error", progress, "wait", upid=err.upid, error=error)
 
         return self.poll(progress, "wait", budget, "settle", deadline, failed)
 

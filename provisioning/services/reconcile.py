@@ -11,9 +11,9 @@ What a round does per idle proxy (no operation running):
 * a VM that can never report an address (its agent config was removed): a replace;
 * power: a stopped VM that should run is started; a running one that should not is shut
   down. A deliberately stopped proxy (``desired_power`` off) stays stopped.
-Proxies latched ``Failed`` are left for an operator, and so is a power action or replace that
-reconcile already tried and that failed: the proxy shows why, and the next try is the
-operator's (every retry has a ceiling; reconcile's is one).
+Proxies latched ``Failed`` are left for an operator, and so is a power action or replace whose
+latest try failed: the proxy shows why, and the next try is the operator's (every retry has a
+ceiling; reconcile's is one).
 
 **Decisions on fresh state** (issue 10). A listing can take seconds to minutes; meanwhile an
 operator may shut a proxy down, replace it or retry it. So the snapshot only nominates: every
@@ -243,20 +243,20 @@ def _stale(snapshot: Proxy, now: Proxy) -> bool:
 
 
 def _tried_and_failed(proxy: Proxy, kind: str) -> bool:
-    """Whether the proxy's latest operation is this same kind, started by reconcile, and
-    failed (not superseded)."""
+    """Whether the proxy's latest operation is this same kind and failed (not superseded):
+    reconcile does not repeat it, whoever asked for it (seed 001: a failed power task is not
+    retried); the proxy shows the failure, and an operator's new request moves it on."""
     if kind in (OperationKind.CREATE, OperationKind.DELETE):
         return False  # those latch the proxy Failed themselves when they cannot go on
     latest = (
         Operation.objects.filter(proxy=proxy)
         .order_by("-created_at")
-        .values("kind", "state", "requested_via", "last_error")
+        .values("kind", "state", "last_error")
         .first()
     )
     return bool(
         latest
         and latest["kind"] == kind
         and latest["state"] == OperationState.FAILED
-        and latest["requested_via"] == "beat"
         and not str(latest["last_error"]).startswith("superseded")
     )

@@ -208,3 +208,30 @@ def test_a_lost_reply_is_settled_by_read_back_without_a_second_submission(
     assert _count(sim, method, path, status=200) == 1
     steps = list(op.steps.values_list("state", flat=True))
     assert "unknown" not in steps  # settled in the same delivery
+
+
+def test_a_power_task_that_failed_ends_failed_and_reconcile_does_not_repeat_it(
+    pump: Pump, sim: Sim
+) -> None:
+    """Seed 001: a stopped task with an error is failed, not retried. The operator's shutdown
+    ends failed with the task's exit status; reconcile then leaves the proxy as it is (the
+    shutdown is still what the operator asked for) instead of sending it again every round."""
+    from provisioning.models.choices import DesiredPower
+    from provisioning.services.reconcile import reconcile_round
+
+    pump.call(operations.proxy_create, spec=_spec(sim))
+    pump.run()
+    sim.engine.control.fail_next_task("qmshutdown", "VM quit/powerdown failed - got timeout")
+    op = pump.call(operations.proxy_power, proxy=Proxy.objects.get(), action="shutdown")
+    pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.FAILED
+    assert "did not power off within 60 s" in op.last_error
+    assert "powerdown failed - got timeout" in op.last_error
+    proxy = Proxy.objects.get()
+    assert proxy.desired_power == DesiredPower.OFF and "did not power off" in proxy.last_error
+    for _ in range(2):
+        assert pump.call(reconcile_round)["held"] == 1
+        pump.run()
+    assert _count(sim, "POST", "/nodes/{node}/qemu/{vmid}/status/shutdown") == 1
+    assert "did not power off" in Proxy.objects.get().last_error

@@ -468,14 +468,15 @@ def test_a_recorded_receipt_is_only_polled(world: World, ours: Target) -> None:
     assert world.engine.ledger.count("POST", SHUTDOWN) == 1
 
 
-def test_shutdown_timeout_is_transient_and_forces_nothing(world: World, ours: Target) -> None:
+def test_shutdown_timeout_ends_the_action_and_forces_nothing(world: World, ours: Target) -> None:
     """The guest ignores the powerdown: Proxmox ends the task with its timeout error after the
-    60 s and, without forceStop, leaves the VM running (pve-reference §3.2, §7.16)."""
+    60 s and, without forceStop, leaves the VM running (pve-reference §3.2, §7.16). Seed 001:
+    a stopped task with an error is failed and not retried."""
     world.engine.control.fail_next_task("qmshutdown", "VM quit/powerdown failed - got timeout")
 
     result = _run(world, ours.req("shutdown"))
 
-    assert result.status == "error" and isinstance(result.error, TransientError)
+    assert result.status == "error" and isinstance(result.error, PermanentError)
     assert result.error.op == "power"
     assert result.error.message == (
         f"VM {ours.vmid} (proxy-pw) did not power off within 60 s of the graceful shutdown "
@@ -484,26 +485,25 @@ def test_shutdown_timeout_is_transient_and_forces_nothing(world: World, ours: Ta
     assert "nothing was forced, so the VM still runs" in result.error.remediation
     assert _status(world, ours) == ("running", "running")
     assert _power_posts(world) == [SHUTDOWN]
-
-    # The failed receipt is not retried: the next attempt records a new intent and submits a
-    # new shutdown, which this time the guest obeys.
-    assert result.progress["stage"] == "inspect"
-    retried = _run_from(world, ours.req("shutdown"), result.progress)
-    assert retried.status == "done", retried.error
-    assert world.engine.ledger.count("POST", SHUTDOWN) == 2
-    assert retried.details["upid"] != result.upid
-    assert _status(world, ours)[0] == "stopped"
+    # The failed receipt stays the record: nothing leads to a second submission.
+    assert result.progress["stage"] == "wait" and result.progress["upid"] == result.upid
+    again = _run_from(world, ours.req("shutdown"), result.progress)
+    assert again.status == "error" and isinstance(again.error, PermanentError)
+    assert world.engine.ledger.count("POST", SHUTDOWN) == 1
 
 
-def test_a_failed_start_task_is_transient(world: World, ours: Target) -> None:
+def test_a_failed_start_task_ends_the_action_with_its_exit_status(
+    world: World, ours: Target
+) -> None:
     _stop_behind_our_back(world, ours)
     world.engine.control.fail_next_task("qmstart", "start failed: QEMU exited with code 1")
 
     result = _run(world, ours.req("start"))
 
-    assert isinstance(result.error, TransientError)
+    assert isinstance(result.error, PermanentError)
     assert "start failed: QEMU exited with code 1" in result.error.message
     assert _status(world, ours)[0] == "stopped"
+    assert world.engine.ledger.count("POST", "/nodes/{node}/qemu/{vmid}/status/start") == 1
 
 
 # --- the request ----------------------------------------------------------------------------
