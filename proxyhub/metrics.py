@@ -106,6 +106,23 @@ class ProxmoxCallMetricsHandler(logging.Handler):
             self.handleError(record)
 
 
+class StepMetricsHandler(logging.Handler):
+    """Feeds ``record_step`` from the journal's "operation step finished" lines (fields
+    ``kind``, ``step``, ``duration``), logged at DEBUG on ``proxyhub.operations.steps``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg != "operation step finished":
+            return
+        try:
+            record_step(
+                str(getattr(record, "kind", "")),
+                str(getattr(record, "step", "")),
+                float(getattr(record, "duration", 0.0) or 0.0),
+            )
+        except Exception:
+            self.handleError(record)
+
+
 @dataclass(frozen=True)
 class CountSpec:
     """One gauge family: rows of ``model`` ("app_label.Model") counted by ``labels``.

@@ -48,7 +48,7 @@ from provisioning.proxmox.steps import StepResult
 
 from . import circuit, claims, dispatch, leases, policy
 from .clock import db_now
-from .journal import journal_step, metrics_hook
+from .journal import journal_step
 from .runners import POWER_KINDS, Outcome, run_step
 
 log = logging.getLogger("proxyhub.operations")
@@ -262,7 +262,6 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
             Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
             if outcome.delete_proxy and updates["state"] == OperationState.SUCCEEDED:
                 Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
-    _record_metric(op, result, seconds)
     if token:
         dispatch.send_after_commit(str(op.pk), token, delay)
 
@@ -341,9 +340,3 @@ def _error_class(error: ClassifiedError) -> str:
         "permanent": ErrorClass.PERMANENT,
         "not_found": ErrorClass.NOT_FOUND,
     }.get(error.kind, ErrorClass.TRANSIENT)
-
-
-def _record_metric(op: Operation, result: StepResult, seconds: float) -> None:
-    hook = metrics_hook("record_step_delivery")
-    if hook is not None:
-        hook(str(op.kind), result.step, result.status, seconds)

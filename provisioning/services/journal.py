@@ -8,13 +8,15 @@ receipts). A step whose mutation may have been applied although its answer was l
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 from datetime import datetime
 
 from provisioning.models import Operation, OperationStep
 from provisioning.models.choices import StepState
 
 from .runners import Outcome
+
+steps_log = logging.getLogger("proxyhub.operations.steps")
 
 
 def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
@@ -73,17 +75,12 @@ def journal_close(op: Operation, now: datetime, *, state: str, message: str) -> 
     row.save(update_fields=["state", "finished_at", "message"])
 
 
-def metrics_hook(name: str) -> Callable[..., None] | None:
-    """A recorder from ``proxyhub.metrics`` when the project provides it (it is optional here,
-    so the app's services stay usable from plain scripts and tests)."""
-    try:
-        from proxyhub import metrics
-    except ImportError:
-        return None
-    return getattr(metrics, name, None)
-
-
 def _record_phase(op: Operation, row: OperationStep) -> None:
-    hook = metrics_hook("record_step")
-    if hook is not None and row.duration is not None:
-        hook(str(op.kind), row.name, row.duration)
+    """One DEBUG line per finished stage. The project turns these lines into the step-duration
+    histogram (``proxyhub.metrics.StepMetricsHandler`` on this logger, in settings), so the
+    services need not import the project package above them."""
+    if row.duration is not None:
+        steps_log.debug(
+            "operation step finished",
+            extra={"kind": str(op.kind), "step": row.name, "duration": row.duration},
+        )

@@ -434,6 +434,10 @@ LOGGING = {
             "filters": ["redact_secrets"],
             "level": PROXYHUB_LOG_LEVEL,
         },
+        "step_metrics": {
+            "class": "proxyhub.metrics.StepMetricsHandler",
+            "level": "DEBUG",
+        },
         "proxmox_metrics": {
             "class": "proxyhub.metrics.ProxmoxCallMetricsHandler",
             "level": "INFO",
@@ -445,6 +449,13 @@ LOGGING = {
         # through the one JSON handler instead.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.server": {"handlers": [], "level": "INFO", "propagate": True},
+        # The journal's per-stage lines feed the step-duration histogram; they are DEBUG, so the
+        # console shows them only at PROXYHUB_LOG_LEVEL=DEBUG.
+        "proxyhub.operations.steps": {
+            "handlers": ["step_metrics"],
+            "level": "DEBUG",
+            "propagate": True,
+        },
         "proxyhub.proxmox.api": {
             "handlers": ["proxmox_metrics"],
             "level": logging.getLevelName(_proxmox_api_level),
