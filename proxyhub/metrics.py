@@ -188,6 +188,39 @@ class DatabaseCountCollector(Collector):
         return family
 
 
+class CircuitCollector(Collector):
+    """Each cluster's circuit breaker at scrape time: ``proxyhub_cluster_circuit_open`` is 1
+    while the cluster's steps are deferred (open or probing) and 0 when requests flow;
+    ``proxyhub_cluster_circuit_times_opened`` counts how often it opened. A cluster that never
+    failed has no breaker row and reads closed."""
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            cluster = apps.get_model("provisioning", "Cluster")
+            rows = list(
+                cluster.objects.values_list("name", "circuit__state", "circuit__times_opened")
+            )
+        except (LookupError, DatabaseError, FieldError) as exc:
+            log.debug("metrics family skipped", extra={"metric": "circuit", "reason": repr(exc)})
+            return
+        state = GaugeMetricFamily(
+            "proxyhub_cluster_circuit_open",
+            "1 while the cluster's circuit breaker defers its steps (open or probing), else 0.",
+            labels=["cluster", "state"],
+        )
+        opened = GaugeMetricFamily(
+            "proxyhub_cluster_circuit_times_opened",
+            "How often the cluster's circuit breaker opened.",
+            labels=["cluster"],
+        )
+        for name, current, times in rows:
+            current = current or "closed"
+            state.add_metric([name, current], 0 if current == "closed" else 1)
+            opened.add_metric([name], times or 0)
+        yield state
+        yield opened
+
+
 def exposition(multiproc_dir: str | Path | None) -> bytes:
     """The /metrics body in the Prometheus text format (0.0.4).
 
@@ -201,6 +234,7 @@ def exposition(multiproc_dir: str | Path | None) -> bytes:
     else:
         registry.register(_DefaultRegistry())
     registry.register(DatabaseCountCollector())
+    registry.register(CircuitCollector())
     # Imported here, not at the top: settings' LOGGING imports this module before the apps
     # (and their models) are loaded.
     from healthchecks.metrics import NodeHealthCollector

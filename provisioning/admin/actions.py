@@ -28,7 +28,7 @@ from provisioning.proxmox.seed import seed_volid
 from provisioning.services import operations
 
 from . import display, plans
-from .common import confirmation, confirmed, too_many
+from .common import confirmation, confirmed, door_key, too_many
 from .inspection import power_targets
 
 ADMIN = RequestedVia.ADMIN
@@ -156,7 +156,12 @@ def replace(
             reason = skip_reason(proxy)
             if not reason:
                 try:
-                    operations.proxy_replace(proxy=proxy, user=request.user, via=ADMIN)
+                    operations.proxy_replace(
+                        proxy=proxy,
+                        user=request.user,
+                        via=ADMIN,
+                        idempotency_key=door_key(request, "replace", proxy),
+                    )
                 except ValidationError as err:
                     reason = _errors(err)
             if reason:
@@ -241,7 +246,12 @@ def request_deletes(
     """Queue the delete of each proxy's VM, disks and seed ISO, and report it."""
     names = []
     for proxy in proxies:
-        operations.proxy_request_delete(proxy=proxy, user=request.user, via=ADMIN)
+        operations.proxy_request_delete(
+            proxy=proxy,
+            user=request.user,
+            via=ADMIN,
+            idempotency_key=door_key(request, "delete", proxy),
+        )
         names.append(proxy.name)
     if names:
         modeladmin.message_user(
@@ -310,7 +320,11 @@ def _power_action(action: Action) -> Callable[..., TemplateResponse | None]:
                     continue
                 try:
                     operations.proxy_power(
-                        proxy=target.proxy, action=action, user=request.user, via=ADMIN
+                        proxy=target.proxy,
+                        action=action,
+                        user=request.user,
+                        via=ADMIN,
+                        idempotency_key=door_key(request, action, target.proxy),
                     )
                 except ValidationError as err:
                     skipped.append(f"{target.proxy.name}: {_errors(err)}")

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.apps import apps
 from django.contrib import admin, messages
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
@@ -24,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import ngettext
 
-from provisioning.models import Cluster, MachineType, Node, Proxy, Template
+from provisioning.models import CircuitBreaker, Cluster, MachineType, Node, Proxy, Template
 
 from . import display, health, plans
 from .common import CHECK, GuardedActionsMixin
@@ -85,6 +86,7 @@ class ClusterAdmin(GuardedActionsMixin):
         "nodes_count",
         "proxies",
         "health_summary",
+        "circuit_summary",
     )
     search_fields = ("name",)
     search_help_text = "Cluster name (part of it)"
@@ -109,9 +111,18 @@ class ClusterAdmin(GuardedActionsMixin):
             {"fields": ("request_timeout_seconds", "install_guest_agent", "vendor_data")},
         ),
         ("Node health", {"fields": ("node_health",)}),
+        (
+            "Circuit breaker",
+            {
+                "fields": ("circuit_detail",),
+                "description": "After repeated connection failures the cluster's steps are "
+                "deferred without running, so an unreachable cluster holds no worker; one step "
+                "probes it when the breaker's time is up.",
+            },
+        ),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
-    readonly_fields = ("node_health", "created_at", "updated_at")
+    readonly_fields = ("node_health", "circuit_detail", "created_at", "updated_at")
 
     def has_check_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CHECK)
@@ -120,6 +131,7 @@ class ClusterAdmin(GuardedActionsMixin):
         qs = (
             super()
             .get_queryset(request)
+            .select_related("circuit")
             .annotate(node_total=_count(Node), proxy_total=_count(Proxy))
         )
         if health.installed():
@@ -130,6 +142,14 @@ class ClusterAdmin(GuardedActionsMixin):
                 ready_total=_count_in(latest.filter(ready=True)),
             )
         return qs
+
+    @admin.display(description="circuit")
+    def circuit_summary(self, obj: Cluster) -> SafeString | str:
+        return display.circuit_badge(_breaker(obj))
+
+    @admin.display(description="state")
+    def circuit_detail(self, obj: Cluster) -> SafeString | str:
+        return display.circuit_detail(_breaker(obj))
 
     @admin.display(description="VMIDs")
     def vmid_range(self, obj: Cluster) -> str:
@@ -238,3 +258,11 @@ def _count_in(rows: QuerySet) -> Coalesce:
         .values("n")
     )
     return Coalesce(Subquery(counted, output_field=IntegerField()), Value(0))
+
+
+def _breaker(cluster: Cluster) -> CircuitBreaker | None:
+    """The cluster's breaker, or None when it never failed (no row)."""
+    try:
+        return cluster.circuit
+    except ObjectDoesNotExist:
+        return None

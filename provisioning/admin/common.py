@@ -12,6 +12,8 @@ the selected primary keys, so the admin's own permission check runs again on the
 
 from __future__ import annotations
 
+import re
+import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -33,6 +35,8 @@ CHECK = f"{APP}.check_proxy"
 MAX_TARGETS = 500
 
 CONFIRMATION_TEMPLATE = "admin/provisioning/action_confirmation.html"
+# What a confirmation page's key looks like (secrets.token_urlsafe); anything else is ignored.
+_PAGE_KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
 class GuardedActionsMixin(admin.ModelAdmin):
@@ -68,6 +72,21 @@ class GuardedActionsMixin(admin.ModelAdmin):
 def confirmed(request: HttpRequest) -> bool:
     """The operator pressed the confirmation page's button (``delete_selected``'s ``post``)."""
     return request.method == "POST" and request.POST.get("post") == "yes"
+
+
+def door_key(request: HttpRequest, action: str, target: Model) -> str | None:
+    """The idempotency key of ``action`` on ``target`` for this confirmation: the page's own
+    key (a hidden field drawn when the page was rendered), the action and the target. A confirm
+    posted twice gives the same keys, so the services hand back the operations of the first
+    post instead of starting them again (a double-clicked Reboot reboots once)."""
+    page_key = str(request.POST.get("idempotency_key", "")).strip()
+    if (
+        not page_key
+        or len(page_key) > 64
+        or not page_key.replace("-", "").replace("_", "").isalnum()
+    ):
+        return None
+    return f"admin:{page_key}:{action}:{target.pk}"
 
 
 def too_many(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> bool:
@@ -119,6 +138,7 @@ def confirmation(
         "action_name": action,
         "opts": opts,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "idempotency_key": secrets.token_urlsafe(16),
         "media": modeladmin.media,
         **extra,
     }

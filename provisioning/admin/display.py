@@ -18,7 +18,7 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
-from provisioning.models import Operation, OperationStep, Proxy
+from provisioning.models import CircuitBreaker, CircuitState, Operation, OperationStep, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase, StepState
 
 # Badge colours (CSS classes in templates/admin/provisioning/badges.html): green once a proxy
@@ -55,6 +55,39 @@ def phase_badge(phase: str) -> SafeString:
 
 def state_badge(state: str) -> SafeString:
     return badge(state, STATE_TONE.get(state, "idle"))  # type: ignore[call-overload]
+
+
+CIRCUIT_TONE = {CircuitState.CLOSED: "ok", CircuitState.HALF_OPEN: "warn", CircuitState.OPEN: "bad"}
+
+
+def circuit_badge(breaker: CircuitBreaker | None) -> SafeString:
+    """``closed``, ``half_open`` or ``open`` (a cluster that never failed has no row: closed)."""
+    state = breaker.state if breaker is not None else CircuitState.CLOSED
+    return badge(state, CIRCUIT_TONE.get(state, "idle"))  # type: ignore[call-overload]
+
+
+def circuit_detail(breaker: CircuitBreaker | None) -> SafeString:
+    """The breaker's state with when it opened, when it probes next and the failure seen."""
+    if breaker is None:
+        return format_html("{} (no connection failure recorded)", circuit_badge(None))
+    parts = [f"{breaker.failures} connection failure(s) in a row"]
+    if breaker.state != CircuitState.CLOSED and breaker.opened_at is not None:
+        parts.append(f"open since {_clock(breaker.opened_at)}")
+    if breaker.state == CircuitState.OPEN and breaker.retry_at is not None:
+        parts.append(f"steps deferred until {_clock(breaker.retry_at)}, then one probes")
+    if breaker.state == CircuitState.HALF_OPEN:
+        parts.append("one step is probing the cluster now")
+    parts.append(f"opened {breaker.times_opened} time(s) in all")
+    return format_html(
+        "{} {}<br>{}",
+        circuit_badge(breaker),
+        "; ".join(parts),
+        short_error(breaker.last_error, limit=300) if breaker.last_error else "",
+    )
+
+
+def _clock(when: datetime) -> str:
+    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def short_error(text: str, limit: int = ERROR_SHOWN) -> SafeString | str:

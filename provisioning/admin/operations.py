@@ -20,6 +20,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from provisioning.models import Operation
+from provisioning.services import policy
 
 from . import display
 
@@ -50,9 +51,19 @@ class OperationAdmin(admin.ModelAdmin):
     change_form_template = "admin/provisioning/operation/change_form.html"
     fieldsets = (
         (None, {"fields": ("kind", "proxy_link", "proxy_name", "cluster", "state_badge")}),
-        ("Requested", {"fields": ("who", "idempotency_key")}),
+        ("Requested", {"fields": ("who", "reason", "idempotency_key")}),
         ("Timing", {"fields": ("created_at", "started_at", "finished_at", "took")}),
-        ("Outcome", {"fields": ("attempts", "last_error", "error_class")}),
+        (
+            "Retries",
+            {
+                "fields": ("attempts", "faults", "next_attempt", "ceiling"),
+                "description": "Faults are retried where they happen (a read again, a step "
+                "again in the same delivery); a step that still fails waits a short backoff. "
+                "Attempts counts failed deliveries in a row; at the ceiling the operation "
+                "ends failed with its last error.",
+            },
+        ),
+        ("Outcome", {"fields": ("last_error", "error_class")}),
     )
     readonly_fields = (
         "kind",
@@ -66,7 +77,11 @@ class OperationAdmin(admin.ModelAdmin):
         "started_at",
         "finished_at",
         "took",
+        "reason",
         "attempts",
+        "faults",
+        "next_attempt",
+        "ceiling",
         "last_error",
         "error_class",
     )
@@ -136,6 +151,23 @@ class OperationAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def error_short(self, obj: Operation) -> SafeString | str:
         return display.short_error(obj.last_error)
+
+    @admin.display(description="next attempt")
+    def next_attempt(self, obj: Operation) -> str:
+        """When the step runs next, shown while the operation is unfinished."""
+        if obj.finished or obj.next_step_at is None:
+            return ""
+        when = timezone.localtime(obj.next_step_at).strftime("%Y-%m-%d %H:%M:%S")
+        wait = (obj.next_step_at - timezone.now()).total_seconds()
+        return f"{when} (in {display.seconds(wait)})" if wait > 0 else f"{when} (due)"
+
+    @admin.display(description="ceiling")
+    def ceiling(self, obj: Operation) -> str:
+        limit = policy.ceiling_for(obj.kind)
+        return (
+            f"{limit.attempts} failed attempts in a row, or "
+            f"{display.seconds(limit.age.total_seconds())} of age"
+        )
 
     def change_view(
         self,

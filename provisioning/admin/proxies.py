@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from provisioning.models import Operation, Proxy
+from provisioning.models import CircuitBreaker, CircuitState, Operation, Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.services import operations
 
@@ -183,6 +183,9 @@ class ProxyAdmin(GuardedActionsMixin):
     ) -> HttpResponse:
         extra = {
             "clusters_without_ready_node": health.clusters_without_ready_node(),
+            "clusters_unreachable": list(
+                CircuitBreaker.objects.exclude(state=CircuitState.CLOSED).select_related("cluster")
+            ),
             "can_bulk_create": self.has_add_permission(request),
             **(extra_context or {}),
         }

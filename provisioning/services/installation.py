@@ -90,6 +90,17 @@ def identity_problem() -> str | None:
     return None
 
 
+def identity_conflict() -> str | None:
+    """Why this deployment must not create VMs with the database's identity: the identity kept
+    outside the database names another installation (a database restored or copied from it).
+    Creates check this; an identity kept only in the database (an older installation that has
+    not written its file yet) does not stop them, only GC."""
+    problem = identity_problem()
+    if problem is None or external_identity().value is None:
+        return None
+    return problem
+
+
 def _id_file() -> Path | None:
     configured = getattr(settings, "PROXYHUB_INSTALLATION_ID_FILE", None)
     if configured == "":

@@ -137,19 +137,44 @@ def proxy_create(
 
 
 def proxies_create(
-    *, specs: Iterable[ProxySpec], user: User = None, via: str = RequestedVia.COMMAND
+    *,
+    specs: Iterable[ProxySpec],
+    user: User = None,
+    via: str = RequestedVia.COMMAND,
+    idempotency_key: str | None = None,
 ) -> list[Operation]:
-    """Create many proxies in one transaction: all are written, or none is."""
+    """Create many proxies in one transaction: all are written, or none is.
+
+    With ``idempotency_key``, each proxy's create gets the key ``<key>:create:<name>``: the
+    same request made again (a command re-run after its connection dropped) returns the
+    operations the first one made instead of refusing the names as taken.
+    """
     specs = list(specs)
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValidationError({"name": f"names given twice: {', '.join(duplicates)}"})
-    taken = sorted(Proxy.objects.filter(name__in=names).values_list("name", flat=True))
+    keys = {
+        s.name: f"{idempotency_key}:create:{s.name}" if idempotency_key else None for s in specs
+    }
+    made: set[str] = set()
+    if idempotency_key:
+        made = set(
+            Operation.objects.filter(
+                idempotency_key__in=[k for k in keys.values() if k]
+            ).values_list("proxy_name", flat=True)
+        )
+    taken = sorted(
+        Proxy.objects.filter(name__in=[n for n in names if n not in made]).values_list(
+            "name", flat=True
+        )
+    )
     if taken:
         raise ValidationError({"name": f"proxies already exist: {', '.join(taken)}"})
     with transaction.atomic():
-        return [proxy_create(spec=s, user=user, via=via) for s in specs]
+        return [
+            proxy_create(spec=s, user=user, via=via, idempotency_key=keys[s.name]) for s in specs
+        ]
 
 
 def proxy_request_delete(

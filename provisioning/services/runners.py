@@ -28,6 +28,7 @@ from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.steps import StepResult
 from provisioning.sealing import SealError
 
+from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 
@@ -77,6 +78,10 @@ def _run_create(
     if progress.get("stage") == "address":
         return _address(op, provider, progress, now)
     record = progress.get("create") or provider.new_create_progress()
+    if "create" not in progress:
+        conflict = identity_conflict()
+        if conflict:
+            raise PermanentError(conflict, op=str(op.kind))
     if "zone" not in progress:
         if proxy.zone:
             # The operator chose the node; still, no new VM goes to a node known not ready.

@@ -235,3 +235,36 @@ def test_a_power_task_that_failed_ends_failed_and_reconcile_does_not_repeat_it(
         pump.run()
     assert _count(sim, "POST", "/nodes/{node}/qemu/{vmid}/status/shutdown") == 1
     assert "did not power off" in Proxy.objects.get().last_error
+
+
+def test_the_operation_page_and_metrics_show_the_faults(
+    pump: Pump, sim: Sim, quick: Any, admin_client: Any
+) -> None:
+    """Issue 16, "show it": attempts, the last fault and when the next attempt runs on the
+    operation page; transient faults per cluster and call at /metrics."""
+    from django.test import Client
+
+    quick.PROXYHUB_STEP_BASE_BACKOFF_SECONDS = 30
+    quick.PROXYHUB_STEP_MAX_BACKOFF_SECONDS = 30
+    sim.engine.control.error_rate(1.0, kind="500", method="POST", path=CLONE)
+    op = pump.call(operations.proxy_create, spec=_spec(sim))
+    for _ in range(3):  # lookup, then the clone that fails (three times in place)
+        message = pump.queue.pop(0)
+        from provisioning.services.driver import operation_run_step
+
+        pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    op.refresh_from_db()
+    assert op.attempts == 1 and op.faults == 1 and op.state == OperationState.RUNNING
+    page = admin_client.get(f"/admin/provisioning/operation/{op.pk}/change/").content.decode()
+    assert "Next attempt" in page and "(in " in page
+    assert "got timeout" in page  # the last fault
+    assert "20 failed attempts in a row" in page  # the ceiling
+    metrics = Client().get("/metrics").content.decode()
+    line = next(
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith("proxyhub_proxmox_transient_faults_total{")
+        and 'call="clone"' in ln
+        and 'cluster="pvesim"' in ln
+    )
+    assert float(line.rsplit(" ", 1)[1]) >= 3

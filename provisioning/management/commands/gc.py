@@ -7,15 +7,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from provisioning.services.gc import GcItem, gc_run
+from provisioning.services.gc import GcItem, GcRefused, gc_run
 from provisioning.services.leases import LeaseHeld
 
 
 class Command(BaseCommand):
     help = (
         "Remove this installation's VMs that no proxy owns and seed ISOs no VM uses, older "
-        "than PROXYHUB_GC_MIN_AGE_SECONDS. VMs are deleted by journalled operations. Exits 1 "
-        "when another GC holds the lease."
+        "than PROXYHUB_GC_MIN_AGE_SECONDS, at most PROXYHUB_GC_MAX_DELETES_PER_ROUND per run. "
+        "VMs are deleted by journalled operations. Exits 1 when another GC holds the lease, or "
+        "when the installation identity kept outside the database is missing or disagrees."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -27,9 +28,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run = options["dry_run"]
         try:
-            items = gc_run(dry_run=dry_run)
+            items = gc_run(dry_run=dry_run, via="command")
         except LeaseHeld as err:
             raise CommandError(f"{err}; try again when it has finished") from err
+        except GcRefused as err:
+            raise CommandError(f"gc refused, nothing was deleted: {err}") from err
         if options["json"]:
             self.stdout.write(json.dumps([item.as_json() for item in items], indent=2))
             return

@@ -81,6 +81,7 @@ class Command(BaseCommand):
             "--zone", metavar="Z", default="", help="a node of the cluster; default: chosen"
         )
         create.add_argument("--cloud-init", metavar="FILE", help="user-data file, sent as is")
+        _key_option(create)
 
         delete = actions.add_parser(
             "delete",
@@ -91,6 +92,7 @@ class Command(BaseCommand):
         delete.add_argument("names", nargs="*", metavar="NAME")
         delete.add_argument("--all", action="store_true", help="delete every proxy")
         delete.add_argument("--cluster", metavar="C", help="with --all: only this cluster's")
+        _key_option(delete)
 
         listing = actions.add_parser(
             "list",
@@ -131,6 +133,7 @@ class Command(BaseCommand):
                 "Proxmox tasks. When one is refused, none is touched.",
             )
             power.add_argument("names", nargs="+", metavar="NAME")
+            _key_option(power)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -143,7 +146,7 @@ class Command(BaseCommand):
         elif action == "wait":
             self._wait(options)
         else:
-            self._power(action, options["names"])
+            self._power(action, options["names"], options["idempotency_key"])
 
     # --- create ---------------------------------------------------------------------------
 
@@ -168,7 +171,9 @@ class Command(BaseCommand):
                 raise CommandError("--prefix goes with --count N")
             specs = specs_from_flags(names, options)
         try:
-            operations = proxies_create(specs=specs, via=RequestedVia.COMMAND)
+            operations = proxies_create(
+                specs=specs, via=RequestedVia.COMMAND, idempotency_key=options["idempotency_key"]
+            )
         except ValidationError as err:
             raise CommandError(f"nothing was created: {_text(err)}") from err
         width = max(len(op.proxy_name) for op in operations)
@@ -198,7 +203,11 @@ class Command(BaseCommand):
         done = []
         with transaction.atomic():
             for index, proxy in enumerate(proxies, 1):
-                done.append((proxy, proxy_request_delete(proxy=proxy, via=RequestedVia.COMMAND)))
+                key = _key(options["idempotency_key"], "delete", proxy.name)
+                op = proxy_request_delete(
+                    proxy=proxy, via=RequestedVia.COMMAND, idempotency_key=key
+                )
+                done.append((proxy, op))
                 progress.update(index, "deleting")
         progress.finish()
         for proxy, op in done:
@@ -286,14 +295,19 @@ class Command(BaseCommand):
 
     # --- power ----------------------------------------------------------------------------
 
-    def _power(self, action: str, names: list[str]) -> None:
+    def _power(self, action: str, names: list[str], key: str | None) -> None:
         proxies = _proxies_named(names)
         progress = Progress(self.stdout, len(proxies))
         done, refused = [], []
         with transaction.atomic():
             for index, proxy in enumerate(proxies, 1):
                 try:
-                    op = proxy_power(proxy=proxy, action=action, via=RequestedVia.COMMAND)
+                    op = proxy_power(
+                        proxy=proxy,
+                        action=action,
+                        via=RequestedVia.COMMAND,
+                        idempotency_key=_key(key, action, proxy.name),
+                    )
                 except ValidationError as err:
                     refused.append(f"{proxy.name}: {_text(err)}")
                 else:
@@ -309,6 +323,20 @@ class Command(BaseCommand):
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="run this command again with the same KEY (after a dropped connection, say) and "
+        "it returns the operations the first run made instead of acting twice",
+    )
+
+
+def _key(key: str | None, action: str, name: str) -> str | None:
+    """One proxy's key for ``action`` under the command's ``--idempotency-key``."""
+    return f"{key}:{action}:{name}" if key else None
 
 
 def _proxies_named(names: Iterable[str]) -> list[Proxy]:

@@ -1,0 +1,183 @@
+"""Cluster isolation (issue 10): one unreachable cluster is deferred by its circuit breaker and
+holds no worker, while another cluster's operations go on; the breaker shows on the cluster
+page, the proxy list and at /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from pump import HookedTransport, Pump, Sim, make_cluster
+
+from provisioning.models import CircuitBreaker, CircuitState, Cluster, Operation, Proxy
+from provisioning.models.choices import OperationState, Phase
+from provisioning.proxmox.api import Call
+from provisioning.proxmox.budgets import Budgets
+from provisioning.proxmox.errors import ConnectFailed
+from provisioning.services import operations
+from provisioning.services.clock import db_now
+from provisioning.services.driver import operation_run_step
+from provisioning.services.operations import ProxySpec
+from provisioning.services.providers import use_transport_factory
+from provisioning.services.reconcile import reconcile_round
+
+pytestmark = pytest.mark.django_db
+
+
+class Unreachable:
+    """A cluster nobody answers for: every request is refused, and counted."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.up = False
+        self.inner: Any = None
+
+    def send(self, call: Call, *, deadline: Any) -> Any:
+        self.sent += 1
+        if self.up and self.inner is not None:
+            return self.inner.send(call, deadline=deadline)
+        raise ConnectFailed(f"{call.method} {call.path}: connection failed (connection refused)")
+
+
+@pytest.fixture
+def dead(sim: Sim, settings: Any) -> Iterator[tuple[Cluster, Unreachable]]:
+    """A second cluster, ``dead``, whose endpoint refuses every connection; ``pvesim`` is the
+    simulator as usual."""
+    settings.PROXYHUB_CIRCUIT_FAILURES = 3
+    settings.PROXYHUB_CIRCUIT_OPEN_SECONDS = 0.5
+    settings.PROXYHUB_STEP_BASE_BACKOFF_SECONDS = 0.01
+    settings.PROXYHUB_STEP_MAX_BACKOFF_SECONDS = 0.02
+    cluster = make_cluster("dead")
+    gone = Unreachable()
+    gone.inner = HookedTransport(sim.engine, {})
+
+    def factory(config: Any) -> Any:
+        return gone if config.name == "dead" else HookedTransport(sim.engine, sim.hooks)
+
+    with use_transport_factory(factory, budgets=Budgets(poll_interval=0.02)):
+        yield cluster, gone
+
+
+def _spec(cluster: Cluster, name: str) -> ProxySpec:
+    return ProxySpec(
+        name=name, cluster=cluster, machine_type="small", image="debian-13", zone="pve1"
+    )
+
+
+def test_an_unreachable_cluster_opens_its_breaker_and_its_steps_stop_trying(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable]
+) -> None:
+    cluster, gone = dead
+    op = pump.call(operations.proxy_create, spec=_spec(cluster, "lost"))
+    for _ in range(40):  # deliver until the breaker opens
+        message = pump.queue.pop(0)
+        pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+        if CircuitBreaker.objects.filter(pk=cluster.pk, state=CircuitState.OPEN).exists():
+            break
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.OPEN and breaker.times_opened == 1
+    assert "connection refused" in breaker.last_error
+    op.refresh_from_db()
+    attempts, sent = op.attempts, gone.sent
+    # While it is open, deliveries are deferred: no request, no attempt counted.
+    Operation.objects.filter(pk=op.pk).update(next_step_at=db_now())
+    message = pump.queue.pop(0)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    op.refresh_from_db()
+    assert gone.sent == sent and op.attempts == attempts
+    assert op.last_error.startswith("deferred: cluster dead is unreachable")
+    assert op.state != OperationState.FAILED
+
+
+def test_a_probe_closes_the_breaker_once_the_cluster_answers_again(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable]
+) -> None:
+    cluster, gone = dead
+    op = pump.call(operations.proxy_create, spec=_spec(cluster, "back"))
+    deadline = time.monotonic() + 5
+    while not CircuitBreaker.objects.filter(pk=cluster.pk, state=CircuitState.OPEN).exists():
+        assert time.monotonic() < deadline
+        message = pump.queue.pop(0)
+        pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    gone.up = True  # the cluster answers again; the breaker's interval is half a second
+    pump.run(timeout=30)
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.CLOSED and breaker.failures == 0
+    assert Proxy.objects.get(name="back").phase == Phase.RUNNING
+
+
+def test_another_cluster_goes_on_while_one_is_unreachable(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable]
+) -> None:
+    cluster, gone = dead
+    lost = pump.call(operations.proxy_create, spec=_spec(cluster, "lost"))
+    fine = [pump.call(operations.proxy_create, spec=_spec(sim.cluster, f"ok{i}")) for i in range(3)]
+    # Run until the good cluster's creates are done; the lost one keeps being deferred.
+    deadline = time.monotonic() + 30
+    while any(Operation.objects.get(pk=o.pk).state != OperationState.SUCCEEDED for o in fine):
+        assert time.monotonic() < deadline, "the good cluster was held up"
+        message = min(pump.queue)
+        pump.queue.remove(message)
+        pause = message.due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    assert CircuitBreaker.objects.get(pk=cluster.pk).state != CircuitState.CLOSED
+    lost.refresh_from_db()
+    assert lost.state not in (OperationState.SUCCEEDED, OperationState.FAILED)
+    # Requests to the dead cluster stopped at the threshold and the probes, not one per poll.
+    assert gone.sent <= 3 * 3 + 3  # three failed deliveries (each retried in place) + probes
+
+
+def test_reconcile_skips_a_cluster_whose_breaker_is_open(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable]
+) -> None:
+    cluster, gone = dead
+    proxy = Proxy(name="idle", cluster=cluster, machine_type="small", image="debian-13")
+    proxy.set_cloud_init(b"")
+    proxy.save()
+    CircuitBreaker.objects.create(
+        cluster=cluster,
+        state=CircuitState.OPEN,
+        failures=5,
+        opened_at=db_now(),
+        retry_at=db_now() + timedelta(minutes=1),
+        open_seconds=60,
+        times_opened=1,
+        last_error="Proxmox unreachable",
+    )
+    counts = pump.call(reconcile_round)
+    assert counts["circuit_open"] == 1 and gone.sent == 0
+    assert not Operation.objects.filter(proxy=proxy).exists()
+
+
+def test_the_breaker_shows_on_the_cluster_page_the_proxy_list_and_metrics(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], admin_client: Client
+) -> None:
+    cluster, _ = dead
+    CircuitBreaker.objects.create(
+        cluster=cluster,
+        state=CircuitState.OPEN,
+        failures=5,
+        opened_at=db_now(),
+        retry_at=db_now() + timedelta(minutes=1),
+        open_seconds=60,
+        times_opened=2,
+        last_error="Proxmox unreachable: connection refused",
+    )
+    page = admin_client.get(f"/admin/provisioning/cluster/{cluster.pk}/change/").content.decode()
+    assert "steps deferred until" in page and "connection refused" in page
+    listing = admin_client.get("/admin/provisioning/cluster/").content.decode()
+    assert "ph-bad" in listing and "open" in listing
+    proxies = admin_client.get("/admin/provisioning/proxy/").content.decode()
+    assert 'id="circuit-banner"' in proxies and "dead" in proxies
+    metrics = Client().get("/metrics").content.decode()
+    assert 'proxyhub_cluster_circuit_open{cluster="dead",state="open"} 1.0' in metrics
+    assert 'proxyhub_cluster_circuit_open{cluster="pvesim",state="closed"} 0.0' in metrics
+    assert 'proxyhub_cluster_circuit_times_opened{cluster="dead"} 2.0' in metrics
