@@ -33,13 +33,14 @@ from typing import Any
 
 from .deadline import Deadline
 from .disks import boot_disk, disk_size_bytes, gib
-from .errors import ApiError, PermanentError, TransientError
+from .errors import ApiError, PermanentError, ReplyLost, TransientError
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name
 from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
+from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
 
 log = logging.getLogger("proxyhub.proxmox.provider")
@@ -336,7 +337,11 @@ class CreateMachine(StepMachine[CreateRequest]):
             raise
         return StepResult(
             "wait",
-            advance(progress, "clone_wait", upid=upid, since=self.clock()),
+            # The node's clock at the clone: a seed uploaded for this VM is newer than it
+            # (the upload's read-back tells ours from a stale seed of an earlier proxy).
+            advance(
+                progress, "clone_wait", upid=upid, since=self.clock(), cloned_at=_node_time(upid)
+            ),
             "clone",
             delay=self.budgets.poll_interval,
             upid=upid,
@@ -368,7 +373,15 @@ class CreateMachine(StepMachine[CreateRequest]):
     def _upload(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
+        """Upload the seed, overwriting (entry 5). When an earlier submission's reply was lost
+        (``upload_sent`` in the record), read back first: the seed on the storage with our size,
+        written after this VM's clone started (the node's clock, from the clone's UPID), was
+        uploaded by that submission; an ``imgcopy`` still running on the node may be it, so it
+        is waited for. Only a seed that is not there is uploaded again (issue 16: never a blind
+        second submission). A create that adopted its clone has no clone time: then an upload
+        whose reply was lost is sent again, which overwrites with the same bytes."""
         node = str(progress["node"])
+        name = seed_iso_name(req.vm_name)
         iso = build_seed_iso(
             user_data=req.cloud_init,
             instance_id=req.uid,
@@ -376,22 +389,64 @@ class CreateMachine(StepMachine[CreateRequest]):
             vendor_data=self.config.vendor_data,
             install_guest_agent=self.config.install_guest_agent,
         )
-        upid = self.api.upload_iso(
-            node,
-            self.config.iso_storage,
-            filename=seed_iso_name(req.vm_name),
-            content=iso,
-            deadline=deadline,
-        )
+        if progress.get("upload_sent"):
+            settled = self._read_back_seed(node, name, len(iso), progress, deadline)
+            if settled is not None:
+                return settled
+        try:
+            upid = self.api.upload_iso(
+                node, self.config.iso_storage, filename=name, content=iso, deadline=deadline
+            )
+        except ReplyLost as err:
+            # Maybe applied: the record says so, and the next run reads back first.
+            return fail(dict(progress, upload_sent=True), "upload", err, op=OP)
         return StepResult(
             "wait",
-            advance(progress, "upload_wait", upid=upid, since=self.clock()),
+            advance(progress, "upload_wait", upid=upid, since=self.clock(), upload_sent=None),
             "upload",
             delay=self.budgets.poll_interval,
             upid=upid,
             submitted=True,
-            message=f"uploaded {seed_iso_name(req.vm_name)} ({len(iso)} bytes)",
+            message=f"uploaded {name} ({len(iso)} bytes)",
         )
+
+    def _read_back_seed(
+        self,
+        node: str,
+        name: str,
+        size: int,
+        progress: Progress,
+        deadline: Deadline | None,
+    ) -> StepResult | None:
+        """After a lost upload reply: the step that settles it, or None to upload again."""
+        cloned_at = progress.get("cloned_at")
+        volid = f"{self.config.iso_storage}:iso/{name}"
+        for item in self.api.storage_content(
+            node, self.config.iso_storage, content="iso", deadline=deadline
+        ):
+            if (
+                item.get("volid") == volid
+                and int(item.get("size") or 0) == size
+                and cloned_at is not None
+                and int(item.get("ctime") or 0) >= int(cloned_at)
+            ):
+                return StepResult(
+                    "continue",
+                    advance(progress, "configure", upload_sent=None),
+                    "upload",
+                    message=f"{name} was uploaded by the submission whose reply was lost",
+                )
+        # The copy of an upload (pve-reference §7.7) may still be running: wait, then look again.
+        if self.api.node_tasks(node, typefilter="imgcopy", source="active", deadline=deadline):
+            return StepResult(
+                "wait",
+                progress,
+                "upload",
+                delay=self.budgets.poll_interval,
+                message="a seed upload is still being copied on the node; reading back again "
+                "before deciding",
+            )
+        return None
 
     def _upload_wait(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
@@ -540,3 +595,11 @@ def _rfc3339(epoch: float) -> str:
 
 def _parse_rfc3339(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def _node_time(upid: str) -> int | None:
+    """The node's start time of a task (pve-reference §4.1), or None when unreadable."""
+    try:
+        return parse_upid(upid).starttime
+    except ValueError:
+        return None

@@ -183,6 +183,7 @@ def test_a_step_meeting_a_fault_on_each_of_its_requests_in_turn_completes(
     ("kind", "method", "path"),
     [
         (OperationKind.CREATE, "POST", CLONE),
+        (OperationKind.CREATE, "POST", UPLOAD),
         (OperationKind.CREATE, "POST", START),
         (OperationKind.DELETE, "POST", STOP),
         (OperationKind.DELETE, "DELETE", DESTROY),

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from provider_world import CLOUDINIT_TEMPLATE, GOOD_TEMPLATE, World, catalogue
@@ -20,6 +21,7 @@ from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.seed import build_seed_iso, seed_volid
+from provisioning.proxmox.steps import StepResult
 from tests.support.simtransport import sim_api
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
@@ -346,3 +348,48 @@ def test_create_clone_refused_as_already_existing_looks_again(world: World) -> N
     assert any(r.message.endswith("checking whose it is") for r in world.results)
     assert world.engine.ledger.count("POST", CLONE) == 2
     assert len(world.engine.ledger.mutations("POST", CLONE)) == 1
+
+
+# --- a lost upload reply is read back (issue 16) ------------------------------------------------
+
+
+def _drive_from(world: World, req: CreateRequest, progress: dict[str, Any]) -> StepResult:
+    p = world.provider
+    return world.drive(lambda pr: p.create_step(req, pr), progress)
+
+
+def test_a_lost_upload_reply_is_read_back_not_sent_again(world: World) -> None:
+    world.engine.control.drop_reply("POST", "/nodes/{node}/storage/{storage}/upload")
+    req = world.request("lost-upload")
+    first = world.create(req)
+    assert first.status == "error" and first.error is not None and first.error.reply_lost
+    assert first.progress["stage"] == "upload" and first.progress["upload_sent"]
+    done = _drive_from(world, req, first.progress)
+    assert done.status == "done"
+    uploads = world.engine.ledger.calls("POST", UPLOAD)
+    assert [e.status for e in uploads] == [200]  # applied once, its reply lost, never resent
+
+
+def test_a_stale_seed_of_the_same_name_is_not_taken_for_a_lost_upload(world: World) -> None:
+    """An earlier proxy of the same name left its seed (same size); the upload of ours fails
+    before it is applied. The read-back must not take the stale seed for ours."""
+    req = world.request("stale")
+    ours = build_seed_iso(
+        user_data=req.cloud_init,
+        instance_id=req.uid,
+        hostname=req.vm_name,
+        vendor_data=world.config.vendor_data,
+        install_guest_agent=world.config.install_guest_agent,
+    )
+    world.api.upload_iso(
+        "pve1", "proxy-seeds", filename="proxy-stale-seed.iso", content=b"x" * len(ours)
+    )
+    world.settle(60)  # the stale seed is older than the clone to come
+    world.engine.control.fail_call("POST", "/nodes/{node}/storage/{storage}/upload", kind="reset")
+    first = world.create(req)
+    assert first.status == "error" and first.error is not None and first.error.reply_lost
+    done = _drive_from(world, req, first.progress)
+    assert done.status == "done"
+    assert (
+        world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-stale")) == ours
+    )
