@@ -19,9 +19,12 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 venv: $(STAMP)
 
+# Style, then the architecture's import rules (pyproject.toml [tool.importlinter],
+# docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 # The django-stubs plugin imports proxyhub.settings.production, which refuses to load without a
 # secret key or with DJANGO_DEBUG on; a throwaway key is enough to learn the models and apps.
