@@ -167,6 +167,7 @@ class PowerMachine(StepMachine[PowerRequest]):
             submit=lambda: self._dispatch(req, node, deadline),
             message=f"{req.action} of VM {req.vmid} on {node} submitted",
             poll_interval=self.budgets.poll_interval,
+            op=OP,
             clock=self.clock,
             deadline=deadline,
         )

@@ -26,6 +26,7 @@ from .errors import (
     ClassifiedError,
     PermanentError,
     ProxmoxError,
+    ReplyLost,
     TaskFailed,
     TransientError,
     classify,
@@ -134,19 +135,27 @@ def permanent(progress: Progress, step: str, message: str, remediation: str, op:
     )
 
 
-def running_task(
-    api: Api, node: str, vmid: int, task_type: str, *, deadline: Deadline | None = None
-) -> str | None:
-    """The UPID of a ``task_type`` task still running for ``vmid`` on ``node``, if any.
+# How many of a VM's tasks of one type a submission looks at: the node lists them newest first.
+KNOWN_TASKS = 10
 
-    A step about to submit a task first looks for one already running: when a worker died
-    after submitting but before its record was saved, the task is still listed, and the step
-    takes its UPID as the receipt instead of submitting the mutation a second time (seed 001).
-    """
-    for task in api.node_tasks(node, vmid=vmid, typefilter=task_type, deadline=deadline):
-        if task.get("type") == task_type and str(task.get("id")) == str(vmid):
-            return str(task["upid"])
-    return None
+
+def vm_tasks(
+    api: Api, node: str, vmid: int, task_type: str, *, deadline: Deadline | None = None
+) -> list[dict[str, Any]]:
+    """The VM's latest ``task_type`` tasks on ``node``, newest first, running or ended (a
+    running task has no ``endtime``, pve-reference §4.3)."""
+    return [
+        task
+        for task in api.node_tasks(
+            node,
+            vmid=vmid,
+            typefilter=task_type,
+            source="all",
+            limit=KNOWN_TASKS,
+            deadline=deadline,
+        )
+        if task.get("type") == task_type and str(task.get("id")) == str(vmid) and task.get("upid")
+    ]
 
 
 def submit_once(
@@ -161,22 +170,45 @@ def submit_once(
     submit: Callable[[], str],
     message: str,
     poll_interval: float,
+    op: str,
     clock: Callable[[], float] = time.time,
     deadline: Deadline | None = None,
 ) -> StepResult:
-    """Submit a VM task, unless one of that type already runs for the VM: then adopt its UPID.
+    """Submit a VM task, unless it is already there: then adopt its UPID as the receipt.
+
+    Two ways it can be there (seed 001: reading a receipt never repeats the mutation):
+
+    * a submission of ours whose reply was lost: the record then holds the tasks the node
+      listed just before it (``known_tasks``), and a task of that type that is not among them
+      is ours, running or already ended;
+    * a worker died after submitting, before its record was saved: the task is still running.
 
     Either way the result carries the UPID and the next stage polls it.
     """
-    upid = running_task(api, node, vmid, task_type, deadline=deadline)
+    tasks = vm_tasks(api, node, vmid, task_type, deadline=deadline)
+    known = progress.get("known_tasks")
+    upid: str | None = None
+    if known is not None:
+        fresh = [t for t in tasks if t["upid"] not in known]
+        if fresh:
+            upid = str(fresh[0]["upid"])
+            message = f"found {task_type} task {upid} of the submission whose reply was lost"
+    if upid is None:
+        running = [t for t in tasks if t.get("status") == "RUNNING" or "endtime" not in t]
+        if running:
+            upid = str(running[0]["upid"])
+            message = f"found running {task_type} task {upid}; waiting for it instead"
     submitted = upid is None
     if upid is None:
-        upid = submit()
-    else:
-        message = f"found running {task_type} task {upid}; waiting for it instead"
+        try:
+            upid = submit()
+        except ReplyLost as err:
+            # Maybe applied: the next run compares the node's tasks with these.
+            sent = dict(progress, known_tasks=[str(t["upid"]) for t in tasks])
+            return fail(sent, step, err, op=op)
     return StepResult(
         "wait",
-        advance(progress, next_stage, upid=upid, since=clock()),
+        advance(progress, next_stage, upid=upid, since=clock(), known_tasks=None),
         step,
         delay=poll_interval,
         upid=upid,
@@ -288,6 +320,7 @@ class StepMachine(Generic[Req]):
             submit=submit,
             message=message,
             poll_interval=self.budgets.poll_interval,
+            op=self.op,
             clock=self.clock,
             deadline=deadline,
         )

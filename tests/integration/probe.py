@@ -41,6 +41,8 @@ def journal(prefix: str) -> list[dict[str, Any]]:
                 "proxyName": op.proxy_name,
                 "via": str(op.requested_via),
                 "lastError": op.last_error,
+                "attempts": op.attempts,
+                "faults": op.faults,
                 "steps": [
                     [s.name, str(s.state), s.upid]
                     for s in op.steps.order_by("seq").only("name", "state", "upid")

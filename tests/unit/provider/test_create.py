@@ -393,3 +393,17 @@ def test_a_stale_seed_of_the_same_name_is_not_taken_for_a_lost_upload(world: Wor
     assert (
         world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-stale")) == ours
     )
+
+
+def test_a_lost_start_reply_is_read_back_even_once_the_task_has_ended(world: World) -> None:
+    """The start was applied and its task already ended by the time the step reads back: the
+    node's task list shows a start task the record did not know, which is ours (seed 001)."""
+    world.engine.control.drop_reply("POST", "/nodes/{node}/qemu/{vmid}/status/start")
+    req = world.request("lost-start")
+    first = world.create(req)
+    assert first.status == "error" and first.error is not None and first.error.reply_lost
+    assert first.progress["stage"] == "start" and first.progress["known_tasks"] == []
+    world.engine.control.advance(30)  # the start task ends before anyone looks again
+    done = _drive_from(world, req, first.progress)
+    assert done.status == "done"
+    assert [e.status for e in world.engine.ledger.calls("POST", START)] == [200]
