@@ -32,19 +32,32 @@ Hook = Callable[[Call], None]
 
 class HookedTransport:
     """The in-process transport with test hooks: ``hooks[schema_key]`` run just before a call
-    of that kind reaches the simulator (each hook runs once, first in, first out). A hook may do
-    anything an operator or another worker could do meanwhile, which is how service tests put
-    an event exactly inside a slow request (a shutdown finishing while reconcile lists)."""
+    of that kind reaches the simulator, ``after[schema_key]`` just after the simulator answered
+    it (or failed it), before the caller reads the answer (each hook runs once, first in, first
+    out). A hook may do anything an operator or another worker could do meanwhile, which is how
+    service tests put an event exactly inside a slow request (a shutdown finishing while
+    reconcile lists), or kill the worker between a request and its reply."""
 
-    def __init__(self, engine: Simulator, hooks: dict[str, list[Hook]]) -> None:
+    def __init__(
+        self,
+        engine: Simulator,
+        hooks: dict[str, list[Hook]],
+        after: dict[str, list[Hook]] | None = None,
+    ) -> None:
         self.inner = SimTransport(engine)
         self.hooks = hooks
+        self.after_hooks = after if after is not None else {}
 
     def send(self, call: Call, *, deadline: Any) -> Any:
         pending = self.hooks.get(call.schema_key)
         if pending:
             pending.pop(0)(call)
-        return self.inner.send(call, deadline=deadline)
+        try:
+            return self.inner.send(call, deadline=deadline)
+        finally:
+            answered = self.after_hooks.get(call.schema_key)
+            if answered:
+                answered.pop(0)(call)
 
 
 @dataclass
@@ -54,10 +67,16 @@ class Sim:
     engine: Simulator
     cluster: Cluster
     hooks: dict[str, list[Hook]] = field(default_factory=dict)
+    after_hooks: dict[str, list[Hook]] = field(default_factory=dict)
 
     def before(self, schema_key: str, hook: Hook) -> None:
         """Run ``hook`` once, just before the next ``schema_key`` call reaches the simulator."""
         self.hooks.setdefault(schema_key, []).append(hook)
+
+    def after(self, schema_key: str, hook: Hook) -> None:
+        """Run ``hook`` once, just after the simulator answered the next ``schema_key`` call
+        (applied or failed, as its faults say) and before proxyhub reads that answer."""
+        self.after_hooks.setdefault(schema_key, []).append(hook)
 
     @property
     def api(self) -> Api:
@@ -97,10 +116,11 @@ def sim(settings: Any) -> Iterator[Sim]:
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
     engine = Simulator(profile="fast", time_scale=0.05)
     hooks: dict[str, list[Hook]] = {}
+    after: dict[str, list[Hook]] = {}
     with use_transport_factory(
-        lambda config: HookedTransport(engine, hooks), budgets=Budgets(poll_interval=0.02)
+        lambda config: HookedTransport(engine, hooks, after), budgets=Budgets(poll_interval=0.02)
     ):
-        yield Sim(engine, make_cluster(), hooks)
+        yield Sim(engine, make_cluster(), hooks, after)
 
 
 @dataclass(order=True)
