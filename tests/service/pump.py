@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.test import TestCase
 
-from provisioning.models import Cluster, MachineType, Node, Template
+from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.api import Api, Call
 from provisioning.proxmox.budgets import Budgets
 from provisioning.services import driver
@@ -180,3 +180,29 @@ def pump(monkeypatch: pytest.MonkeyPatch) -> Pump:
     the_pump = Pump()
     monkeypatch.setattr("provisioning.services.dispatch.send_step", the_pump.send)
     return the_pump
+
+
+def running_fleet(
+    pump: Pump, sim: Sim, count: int, *, prefix: str = "p", zone: str = ""
+) -> list[Proxy]:
+    """``count`` proxies ``<prefix>0``.. created through the service and run to ``Running``."""
+    from provisioning.models.choices import Phase
+    from provisioning.services import operations
+    from provisioning.services.operations import ProxySpec
+
+    specs = [
+        ProxySpec(
+            name=f"{prefix}{i}",
+            cluster=sim.cluster,
+            machine_type="small",
+            image="debian-13",
+            zone=zone,
+            cloud_init=b"#cloud-config\n",
+        )
+        for i in range(count)
+    ]
+    pump.call(operations.proxies_create, specs=specs)
+    pump.run()
+    proxies = list(Proxy.objects.filter(name__startswith=prefix).order_by("name"))
+    assert all(p.phase == Phase.RUNNING for p in proxies), [(p.name, p.phase) for p in proxies]
+    return proxies

@@ -62,6 +62,20 @@ def dead(sim: Sim, settings: Any) -> Iterator[tuple[Cluster, Unreachable]]:
         yield cluster, gone
 
 
+def _open_breaker(cluster: Cluster, *, times_opened: int, last_error: str) -> None:
+    """The breaker as an outage a minute ago left it: open for another minute."""
+    CircuitBreaker.objects.create(
+        cluster=cluster,
+        state=CircuitState.OPEN,
+        failures=5,
+        opened_at=db_now(),
+        retry_at=db_now() + timedelta(minutes=1),
+        open_seconds=60,
+        times_opened=times_opened,
+        last_error=last_error,
+    )
+
+
 def _spec(cluster: Cluster, name: str) -> ProxySpec:
     return ProxySpec(
         name=name, cluster=cluster, machine_type="small", image="debian-13", zone="pve1"
@@ -142,16 +156,7 @@ def test_reconcile_skips_a_cluster_whose_breaker_is_open(
     proxy = Proxy(name="idle", cluster=cluster, machine_type="small", image="debian-13")
     proxy.set_cloud_init(b"")
     proxy.save()
-    CircuitBreaker.objects.create(
-        cluster=cluster,
-        state=CircuitState.OPEN,
-        failures=5,
-        opened_at=db_now(),
-        retry_at=db_now() + timedelta(minutes=1),
-        open_seconds=60,
-        times_opened=1,
-        last_error="Proxmox unreachable",
-    )
+    _open_breaker(cluster, times_opened=1, last_error="Proxmox unreachable")
     counts = pump.call(reconcile_round)
     assert counts["circuit_open"] == 1 and gone.sent == 0
     assert not Operation.objects.filter(proxy=proxy).exists()
@@ -161,16 +166,7 @@ def test_the_breaker_shows_on_the_cluster_page_the_proxy_list_and_metrics(
     pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], admin_client: Client
 ) -> None:
     cluster, _ = dead
-    CircuitBreaker.objects.create(
-        cluster=cluster,
-        state=CircuitState.OPEN,
-        failures=5,
-        opened_at=db_now(),
-        retry_at=db_now() + timedelta(minutes=1),
-        open_seconds=60,
-        times_opened=2,
-        last_error="Proxmox unreachable: connection refused",
-    )
+    _open_breaker(cluster, times_opened=2, last_error="Proxmox unreachable: connection refused")
     page = admin_client.get(f"/admin/provisioning/cluster/{cluster.pk}/change/").content.decode()
     assert "steps deferred until" in page and "connection refused" in page
     listing = admin_client.get("/admin/provisioning/cluster/").content.decode()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
-from pump import Pump, Sim
+from pump import Pump, Sim, running_fleet
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import DesiredPower, OperationKind, OperationState, Phase
@@ -23,7 +23,6 @@ from provisioning.services import operations
 from provisioning.services.claims import claim_take
 from provisioning.services.clock import db_now
 from provisioning.services.leases import proxy_lease_take
-from provisioning.services.operations import ProxySpec
 from provisioning.services.reconcile import reconcile_round
 
 pytestmark = pytest.mark.django_db
@@ -32,22 +31,7 @@ LISTING = "GET /cluster/resources"
 
 
 def _fleet(pump: Pump, sim: Sim, count: int, prefix: str = "p") -> list[Proxy]:
-    specs = [
-        ProxySpec(
-            name=f"{prefix}{i}",
-            cluster=sim.cluster,
-            machine_type="small",
-            image="debian-13",
-            zone="pve1",
-            cloud_init=b"#cloud-config\n",
-        )
-        for i in range(count)
-    ]
-    pump.call(operations.proxies_create, specs=specs)
-    pump.run()
-    proxies = list(Proxy.objects.filter(name__startswith=prefix).order_by("name"))
-    assert all(p.phase == Phase.RUNNING for p in proxies), [(p.name, p.phase) for p in proxies]
-    return proxies
+    return running_fleet(pump, sim, count, prefix=prefix, zone="pve1")
 
 
 def _vms_named(sim: Sim, name: str) -> list[dict[str, Any]]:

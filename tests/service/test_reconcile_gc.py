@@ -5,15 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from pump import Pump, Sim
+from pump import Pump, Sim, running_fleet
 
 from provisioning.models import Installation, Operation, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase
 from provisioning.proxmox.marks import render_mark
-from provisioning.services import operations
 from provisioning.services.gc import gc_run
 from provisioning.services.leases import LeaseHeld, job_lease
-from provisioning.services.operations import ProxySpec
 from provisioning.services.reconcile import reconcile_round
 
 pytestmark = pytest.mark.django_db
@@ -22,22 +20,7 @@ LISTING = "GET /cluster/resources"
 
 
 def _fleet(pump: Pump, sim: Sim, count: int) -> list[Proxy]:
-    specs = [
-        ProxySpec(
-            name=f"p{i}",
-            cluster=sim.cluster,
-            machine_type="small",
-            image="debian-13",
-            zone="",
-            cloud_init=b"#cloud-config\n",
-        )
-        for i in range(count)
-    ]
-    pump.call(operations.proxies_create, specs=specs)
-    pump.run()
-    proxies = list(Proxy.objects.order_by("name"))
-    assert all(p.phase == Phase.RUNNING for p in proxies), [(p.name, p.phase) for p in proxies]
-    return proxies
+    return running_fleet(pump, sim, count)
 
 
 def test_blank_zone_spreads_over_the_nodes(pump: Pump, sim: Sim) -> None:
