@@ -55,6 +55,7 @@ from benchmarks.record import (  # noqa: E402
     now_iso,
     record_latest,
     shown,
+    variant,
 )
 from tests.integration.itstack import (  # noqa: E402
     CLONE,
@@ -450,10 +451,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "loadAverage": load_before,
         "stormRate": FAULT_RATE,
     }
+    knobs = variant(
+        n=(args.proxies, 30),
+        concurrency=(args.concurrency, 1),
+        poll=(args.poll_interval, 1.0),
+        address=(args.address_poll, 3.0),
+    )
     if not args.no_latest:
         record_latest(
             {
-                "fault_create_ratio": Figure(
+                f"fault_create_ratio{knobs}": Figure(
                     create_ratio,
                     TARGET_RATIO,
                     "x",
@@ -463,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "stormSeconds": storm["create"]["seconds"],
                     },
                 ),
-                "fault_delete_ratio": Figure(
+                f"fault_delete_ratio{knobs}": Figure(
                     delete_ratio,
                     TARGET_RATIO,
                     "x",
@@ -473,8 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "stormSeconds": storm["delete"]["seconds"],
                     },
                 ),
-                "fault_duplicate_vms": Figure(duplicates, 0, "VMs", details),
-                "fault_leftovers_after_delete": Figure(leftovers, 0, "VMs and seed ISOs", details),
+                f"fault_duplicate_vms{knobs}": Figure(duplicates, 0, "VMs", details),
+                f"fault_leftovers_after_delete{knobs}": Figure(
+                    leftovers, 0, "VMs and seed ISOs", details
+                ),
             },
             measured_at=started,
             commit=commit,
@@ -482,6 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for run in (calm, storm):
         c, d = run["create"], run["delete"]
+        w = c["workerLog"]
+        print(
+            f"{run['prefix']:>5}: create: worker busy {w['busyShare']} of the time, "
+            f"{w['deliveries']} deliveries, slept {w['readRetryPauseSeconds']} s before reads "
+            f"sent again and ~{w['inPlacePauseSecondsExpected']} s before "
+            f"{w['stepsRetriedInPlace']} steps run again in place; "
+            f"{c['journal']['backoffs']['failedDeliveries']} deliveries failed and backed off "
+            f"{c['journal']['backoffs']['backoffSecondsTotal']} s in all"
+        )
         print(
             f"{run['prefix']:>5}: create {c['seconds']} s ({c['requests']['perProxy']} req/proxy, "
             f"{c['requests']['faultsInjected']} faults injected, journal faults max "

@@ -47,6 +47,7 @@ from benchmarks.record import (  # noqa: E402
     now_iso,
     record_latest,
     shown,
+    variant,
 )
 from tests.integration.itstack import Services, Simulator, Stack, running_stack  # noqa: E402
 
@@ -253,13 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = append_report("fleet", report, args.out)
     # The headline figures are at the product's defaults; a run with other knobs records its
     # own names beside them rather than replacing them.
-    knobs = (
-        ""
-        if (args.poll_interval, args.address_poll) == (1.0, 3.0)
-        else (f"_poll{args.poll_interval:g}_address{args.address_poll:g}")
+    knobs = variant(
+        poll=(args.poll_interval, 1.0),
+        address=(args.address_poll, 3.0),
+        concurrency=(args.concurrency, 1),
+        scale=(args.time_scale, 1.0),
     )
-    knobs += "" if args.concurrency == 1 else f"_concurrency{args.concurrency}"
-    knobs += "" if args.time_scale == 1.0 else f"_scale{args.time_scale:g}"
     if not args.no_latest:
         record_latest(
             {

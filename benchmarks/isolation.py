@@ -62,6 +62,7 @@ from benchmarks.record import (  # noqa: E402
     now_iso,
     record_latest,
     shown,
+    variant,
 )
 from tests.integration.itstack import Services, Stack, StackError, running_stack  # noqa: E402
 
@@ -109,7 +110,6 @@ def good_round(stack: Stack, prefix: str, n: int, *, timeout: float, t_zero: flo
     except StackError as err:
         error = str(err)[-2000:]
     timing = stack.probe("timing", f"{prefix}-")
-    ended = time.time()
     requests = len(stack.sim.ledger(after=seq0))
     seconds = None
     if error is None and timing["firstCreated"] and timing["lastFinished"]:
@@ -130,7 +130,7 @@ def good_round(stack: Stack, prefix: str, n: int, *, timeout: float, t_zero: flo
         "createSeconds": seconds,
         "createStates": timing["states"],
         "createError": error,
-        "createWindow": [started, ended],
+        "createSpan": [timing["firstCreated"], timing["lastFinished"]],
         "requestsPerProxy": round(requests / n, 2),
         "deleteError": delete_error,
         "roundSeconds": round(time.time() - started, 1),
@@ -239,9 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Deliveries to the bad cluster, three ways.
     dark = [d for d in watch.deliveries if d.proxy.startswith(f"{BAD_PREFIX}-")]
+    bad_ids = {op["id"] for op in bad_ops}
     by_task = deliveries_from_log([line for line in log if t_out <= line["t"] <= t_end])
-    bad_tasks = [t for t in by_task.values() if t["clusters"].get(BAD)]
-    good_tasks = [t for t in by_task.values() if not t["clusters"].get(BAD)]
+    bad_tasks = [t for t in by_task.values() if t["operation"] in bad_ids]
+    called = [t for t in bad_tasks if t["clusters"].get(BAD)]
+    good_tasks = [t for t in by_task.values() if t["operation"] not in bad_ids]
+    for r in outage:
+        # The worker seconds the bad cluster's deliveries took while this round's fleet was
+        # being created: with one worker process, time the good fleet could not have.
+        first, last = r.pop("createSpan")
+        r["badClusterWorkerSecondsDuringCreate"] = (
+            round(sum(_overlap(t, first, last) for t in bad_tasks), 1) if first and last else None
+        )
     outage_span = t_end - t_out
     breaker = [
         {**b.as_dict(), "offsetSeconds": round(b.time - t_out, 1)}
@@ -258,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(c.held_seconds for c in connections)
         else None,
         "deliveriesSeenByJournalWatch": dict(Counter(d.outcome for d in dark)),
-        "deliveriesThatCalledIt": len(bad_tasks),
+        "deliveries": len(bad_tasks),
+        "deliveriesThatCalledIt": len(called),
+        "deliveriesDeferredWithoutCalling": len(bad_tasks) - len(called),
         "workerSecondsHeldByIt": round(sum(t["runtime"] for t in bad_tasks), 1),
         "workerSecondsOtherDeliveries": round(sum(t["runtime"] for t in good_tasks), 1),
         "deliveriesInOutage": len(by_task),
@@ -298,11 +309,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "outageRounds": [r["createSeconds"] for r in outage],
         "loadAverage": load_before,
     }
+    knobs = variant(
+        n=(args.proxies, 20),
+        bad=(args.bad_proxies, 10),
+        window=(args.window, 300.0),
+        concurrency=(args.concurrency, 1),
+        poll=(args.poll_interval, 1.0),
+        address=(args.address_poll, 3.0),
+        tcp=(int(args.tcp_only), 0),
+    )
     if not args.no_latest:
         record_latest(
             {
-                "isolation_ratio": Figure(overall, TARGET_RATIO, "x", details),
-                "isolation_ratio_worst_round": Figure(worst, TARGET_RATIO, "x", details),
+                f"isolation_ratio{knobs}": Figure(overall, TARGET_RATIO, "x", details),
+                f"isolation_ratio_worst_round{knobs}": Figure(worst, TARGET_RATIO, "x", details),
             },
             measured_at=started,
             commit=commit,
@@ -310,12 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(
         f"baseline {base_times} s (mean {base_mean and round(base_mean, 2)} s); outage rounds "
-        f"{[(r['startOffsetSeconds'], r['createSeconds'], r['isolationRatio']) for r in outage]}"
+        f"(start, create s, ratio, bad cluster's worker s meanwhile) "
+        f"{[_row(r) for r in outage]}"
     )
     print(
         f"isolation_ratio {overall} (target <= {TARGET_RATIO}), worst round {worst}; bad cluster: "
         f"{bad_summary['connections']} connections to the black hole, "
-        f"{bad_summary['deliveriesThatCalledIt']} deliveries called it and held the worker "
+        f"{bad_summary['deliveries']} deliveries of its operations, "
+        f"{bad_summary['deliveriesThatCalledIt']} called it; they held the worker "
         f"{bad_summary['workerSecondsHeldByIt']} s of {bad_summary['outageSeconds']} s; journal "
         f"watch saw {bad_summary['deliveriesSeenByJournalWatch']}"
     )
@@ -326,6 +348,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(f"load average {load_before} -> {load_after}; results appended to {shown(out)}")
     return 0
+
+
+def _row(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        r["startOffsetSeconds"],
+        r["createSeconds"],
+        r["isolationRatio"],
+        r["badClusterWorkerSecondsDuringCreate"],
+    )
+
+
+def _overlap(task: dict[str, Any], first: float, last: float) -> float:
+    end = float(task["end"])
+    start = end - float(task["runtime"])
+    return max(0.0, min(end, last) - max(start, first))
 
 
 def _progress(phase: str, result: dict[str, Any]) -> None:

@@ -220,7 +220,11 @@ def _error_shape(error: str) -> str:
 
 # --- the worker log ------------------------------------------------------------------------
 
+# provisioning.services.driver.IN_PLACE_PAUSE_SECONDS (not imported: it needs Django set up).
+IN_PLACE_PAUSE_SECONDS = 0.1
 _SUCCEEDED = re.compile(r"succeeded in ([0-9.]+)s")
+# Celery's "succeeded" line carries the task's kwargs as their repr.
+_OPERATION_ARG = re.compile(r"'operation_id': '([0-9a-f-]+)'")
 
 
 def worker_log(path: Path) -> list[dict[str, Any]]:
@@ -245,35 +249,48 @@ def worker_log(path: Path) -> list[dict[str, Any]]:
 
 
 def deliveries_from_log(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """task id → {"runtime": seconds, "end": epoch, "clusters": {name: calls}, "failed": calls,
-    "failedSeconds": seconds spent in calls that got no answer}, for every step delivery that
-    finished in the log."""
+    """task id → {"operation", "runtime" (seconds), "end" (epoch), "clusters" ({name: Proxmox
+    calls}), "failed" (calls that got no answer), "failedSeconds"}, for every step delivery
+    that finished in the log. Celery's line for a finished delivery carries its arguments, so
+    every delivery is attributed to its operation, those that only deferred included."""
     tasks: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"runtime": None, "end": None, "clusters": Counter(), "failed": 0}
+        lambda: {
+            "operation": None,
+            "runtime": None,
+            "end": None,
+            "clusters": Counter(),
+            "failed": 0,
+            "failedSeconds": 0.0,
+        }
     )
     for line in lines:
         task = line.get("task_id")
         if not task or line.get("task_name") != "proxyhub.provisioning.step":
             continue
         entry = tasks[task]
+        message = str(line.get("message", ""))
         cluster = line.get("cluster")
-        if cluster and str(line.get("message", "")).startswith("proxmox api call"):
+        if cluster and message.startswith("proxmox api call"):
             entry["clusters"][cluster] += 1
-            if line.get("message") == "proxmox api call failed":
+            if message == "proxmox api call failed":
                 entry["failed"] += 1
-                entry["failedSeconds"] = entry.get("failedSeconds", 0.0) + float(
-                    line.get("duration") or 0.0
-                )
-        found = _SUCCEEDED.search(str(line.get("message", "")))
+                entry["failedSeconds"] += float(line.get("duration") or 0.0)
+        found = _SUCCEEDED.search(message)
         if found:
             entry["runtime"] = float(found.group(1))
             entry["end"] = line["t"]
+            data = line.get("data")
+            kwargs = str(data.get("kwargs", "")) if isinstance(data, dict) else ""
+            op = _OPERATION_ARG.search(kwargs)
+            entry["operation"] = op.group(1) if op else None
     return {k: v for k, v in tasks.items() if v["runtime"] is not None}
 
 
 def log_counts(lines: Sequence[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
-    """What the worker logged between ``start`` and ``end``: Proxmox calls (and those that
-    failed), reads the seam sent again and their pauses, steps run again in the same delivery."""
+    """What the worker logged between ``start`` and ``end``: step deliveries and the seconds
+    they ran (``busyShare``: that over the window; near 1 with one worker process means the
+    worker, not Proxmox, set the pace), Proxmox calls (and those that failed), reads the seam
+    sent again and the pauses it slept before them, steps run again in the same delivery."""
     window = [line for line in lines if start <= line["t"] <= end]
     messages = Counter(str(line.get("message", "")) for line in window)
     pauses = [
@@ -281,11 +298,29 @@ def log_counts(lines: Sequence[dict[str, Any]], start: float, end: float) -> dic
         for line in window
         if line.get("message") == "proxmox api read retried"
     ]
+    # The driver sleeps IN_PLACE_PAUSE_SECONDS * (n + 1) * uniform(0.5, 1.5) before the n-th
+    # run again of a step in one delivery (n from 0); the pause is not logged, so its expected
+    # value is summed, counting the retries of each delivery in order.
+    in_place: Counter[str] = Counter(
+        str(line.get("task_id"))
+        for line in window
+        if line.get("message") == "step retried in place"
+    )
+    in_place_pause = sum(IN_PLACE_PAUSE_SECONDS * k * (k + 1) / 2 for k in in_place.values())
+    runtimes = [
+        float(found.group(1))
+        for line in window
+        if line.get("task_name") == "proxyhub.provisioning.step"
+        and (found := _SUCCEEDED.search(str(line.get("message", ""))))
+    ]
     return {
+        "deliveries": len(runtimes),
+        "deliverySeconds": round(sum(runtimes), 2),
+        "busyShare": round(sum(runtimes) / (end - start), 3) if end > start else None,
         "proxmoxCalls": messages["proxmox api call"] + messages["proxmox api call failed"],
         "proxmoxCallsFailed": messages["proxmox api call failed"],
         "readsRetried": messages["proxmox api read retried"],
         "readRetryPauseSeconds": round(sum(pauses), 2),
         "stepsRetriedInPlace": messages["step retried in place"],
-        "deliveries": sum(1 for line in window if _SUCCEEDED.search(str(line.get("message", "")))),
+        "inPlacePauseSecondsExpected": round(in_place_pause, 2),
     }

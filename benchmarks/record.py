@@ -38,6 +38,15 @@ class Figure:
     details: Mapping[str, Any] = field(default_factory=dict)
 
 
+def variant(**knobs: tuple[float | int, float | int]) -> str:
+    """The suffix of a figure's name measured with knobs off their defaults (``knob=(value,
+    default)``), so a run with other settings records beside the headline figure rather than
+    replacing it: ``variant(concurrency=(4, 1), poll=(1.0, 1.0))`` is ``"_concurrency4"``."""
+    return "".join(
+        f"_{name}{value:g}" for name, (value, default) in knobs.items() if value != default
+    )
+
+
 def git_commit() -> str:
     """The short commit the run measured (``+dirty`` when tracked files outside the results
     differ from it)."""

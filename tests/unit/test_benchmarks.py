@@ -22,8 +22,14 @@ import trustme
 from benchmarks import faults, isolation  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
 from benchmarks.floor import fleet_floor
-from benchmarks.observe import JournalWatch, backoff_summary
-from benchmarks.record import Figure, record_latest
+from benchmarks.observe import (
+    JournalWatch,
+    backoff_summary,
+    deliveries_from_log,
+    log_counts,
+    worker_log,
+)
+from benchmarks.record import Figure, record_latest, variant
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import RequestTimeout, classify
 from provisioning.proxmox.http import HttpTransport
@@ -95,6 +101,11 @@ def test_latest_keeps_other_benchmarks_figures_and_replaces_its_own(tmp_path: Pa
     )
 
 
+def test_a_run_off_the_defaults_records_under_its_own_name() -> None:
+    assert variant(concurrency=(1, 1), poll=(1.0, 1.0)) == ""
+    assert variant(concurrency=(4, 1), poll=(0.2, 1.0)) == "_concurrency4_poll0.2"
+
+
 def test_the_black_hole_completes_tls_and_holds_a_request_until_its_timeout(
     tmp_path: Path,
 ) -> None:
@@ -146,3 +157,74 @@ def test_the_journal_watch_counts_each_delivery_once_and_reads_its_backoff() -> 
     assert watch.max_attempts == {"op1": 2}
     summary = backoff_summary(watch.deliveries)
     assert (summary["failedDeliveries"], summary["backoffSecondsTotal"]) == (1, 0.8)
+
+
+def test_the_worker_log_gives_each_delivery_its_operation_cluster_and_run_time(
+    tmp_path: Path,
+) -> None:
+    step = {"task_name": "proxyhub.provisioning.step"}
+    lines = [
+        # A delivery of the dead cluster's operation: one call that got no answer.
+        {
+            "ts": "2026-12-01T23:27:33.626+00:00",
+            "task_id": "t1",
+            **step,
+            "message": "proxmox api call failed",
+            "cluster": "blackhole",
+            "duration": 30.0,
+        },
+        {
+            "ts": "2026-12-01T23:27:33.647+00:00",
+            "task_id": "t1",
+            **step,
+            "message": "Task proxyhub.provisioning.step[t1] succeeded in 30.04s: None",
+            "data": {"kwargs": "{'operation_id': 'aa-1', 'token': 'x'}"},
+        },
+        # A delivery of a good operation that met a fault, read again and ran a step again.
+        {
+            "ts": "2026-12-01T23:27:34.000+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "proxmox api read retried",
+            "pause": 0.15,
+        },
+        {
+            "ts": "2026-12-01T23:27:34.100+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "step retried in place",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.300+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "step retried in place",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.400+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "proxmox api call",
+            "cluster": "pvesim",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.500+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "Task proxyhub.provisioning.step[t2] succeeded in 0.5s: None",
+            "data": {"kwargs": "{'operation_id': 'bb-2', 'token': 'y'}"},
+        },
+    ]
+    path = tmp_path / "worker.log"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\nnot json\n")
+    parsed = worker_log(path)
+    tasks = deliveries_from_log(parsed)
+    assert {k: (v["operation"], v["runtime"], dict(v["clusters"])) for k, v in tasks.items()} == {
+        "t1": ("aa-1", 30.04, {"blackhole": 1}),
+        "t2": ("bb-2", 0.5, {"pvesim": 1}),
+    }
+    counts = log_counts(parsed, parsed[0]["t"], parsed[-1]["t"])
+    assert counts["deliveries"] == 2 and counts["deliverySeconds"] == pytest.approx(30.54)
+    assert (counts["readsRetried"], counts["stepsRetriedInPlace"]) == (1, 2)
+    # Two runs again in one delivery: pauses of 0.1 and 0.2 s expected.
+    assert counts["inPlacePauseSecondsExpected"] == pytest.approx(0.3)
