@@ -319,6 +319,13 @@ def lifecycle(
             return None
         return round(float(timing["lastFinished"]) - float(timing["firstCreated"]), 3)
 
+    def window(timing: dict[str, Any], start: float, end: float) -> tuple[float, float]:
+        """The journal's span when there is one: the commands' start-up and the wait's last
+        poll are not the worker's time."""
+        if timing["firstCreated"] is None or timing["lastFinished"] is None:
+            return start, end
+        return float(timing["firstCreated"]), float(timing["lastFinished"])
+
     return {
         "prefix": prefix,
         "storm": storm,
@@ -329,7 +336,7 @@ def lifecycle(
             "error": create_error,
             "journal": journal_summary(create_ops, watch, t0, t1, f"{prefix}-"),
             "requests": ledger_summary([e for e in entries if seq0 < e["seq"] <= seq1], n),
-            "workerLog": log_counts(log, t0, t1),
+            "workerLog": log_counts(log, *window(create_timing, t0, t1)),
             "census": after_create,
         },
         "delete": {
@@ -338,7 +345,7 @@ def lifecycle(
             "error": delete_error,
             "journal": journal_summary(delete_ops, watch, t2, t3, f"{prefix}-"),
             "requests": ledger_summary([e for e in entries if seq2 < e["seq"] <= seq3], n),
-            "workerLog": log_counts(log, t2, t3),
+            "workerLog": log_counts(log, *window(delete_timing, t2, t3)),
             "leftovers": after_delete,
         },
     }

@@ -244,12 +244,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad_tasks = [t for t in by_task.values() if t["operation"] in bad_ids]
     called = [t for t in bad_tasks if t["clusters"].get(BAD)]
     good_tasks = [t for t in by_task.values() if t["operation"] not in bad_ids]
-    for r in outage:
-        # The worker seconds the bad cluster's deliveries took while this round's fleet was
-        # being created: with one worker process, time the good fleet could not have.
+    every_task = deliveries_from_log(log)
+    good_ops = {t["operation"] for t in every_task.values()} - bad_ids - {None}
+    for r in baseline + outage:
+        # What the one worker did while this round's fleet was created: the good fleet's
+        # deliveries (their mean time shows a machine busy with other work), and the seconds
+        # the bad cluster's deliveries took, which the good fleet could not have.
         first, last = r.pop("createSpan")
-        r["badClusterWorkerSecondsDuringCreate"] = (
-            round(sum(_overlap(t, first, last) for t in bad_tasks), 1) if first and last else None
+        if not (first and last):
+            continue
+        mine = [t for t in every_task.values() if t["operation"] in good_ops]
+        busy = [t for t in mine if _overlap(t, first, last) > 0]
+        r["goodDeliveriesDuringCreate"] = len(busy)
+        r["goodDeliveryMsMean"] = (
+            round(1000 * statistics.mean(t["runtime"] for t in busy), 1) if busy else None
+        )
+        r["badClusterWorkerSecondsDuringCreate"] = round(
+            sum(_overlap(t, first, last) for t in every_task.values() if t["operation"] in bad_ids),
+            1,
         )
     outage_span = t_end - t_out
     breaker = [
@@ -329,8 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     print(
-        f"baseline {base_times} s (mean {base_mean and round(base_mean, 2)} s); outage rounds "
-        f"(start, create s, ratio, bad cluster's worker s meanwhile) "
+        f"baseline {base_times} s (mean {base_mean and round(base_mean, 2)} s, good delivery ms "
+        f"{[r.get('goodDeliveryMsMean') for r in baseline]}); outage rounds "
+        f"(start, create s, ratio, bad cluster's worker s meanwhile, good delivery ms) "
         f"{[_row(r) for r in outage]}"
     )
     print(
@@ -356,6 +369,7 @@ def _row(r: dict[str, Any]) -> tuple[Any, ...]:
         r["createSeconds"],
         r["isolationRatio"],
         r["badClusterWorkerSecondsDuringCreate"],
+        r["goodDeliveryMsMean"],
     )
 
 
