@@ -8,8 +8,8 @@ intervals). In that one run:
 
 1. **calm**: ``proxies create --count 30`` to Running, then ``proxies delete`` until gone;
 2. **storm**: the same with fresh names while the simulator fails 20 % of every endpoint's
-   calls with transient faults (``STORM``, below), the faults cleared only between the create
-   and the delete to count the VMs, and after the delete.
+   calls with transient faults (``READ_MIX`` and ``MUTATION_MIX``, below), the faults cleared
+   only between the create and the delete to count the VMs, and after the delete.
 
 ``fault_create_ratio`` and ``fault_delete_ratio`` are the storm's convergence time over the calm
 one (goal ≤ 2.0 each), each from the journal: the first operation's ``created_at`` to the last
@@ -381,6 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     load_before = load_average()
     started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
     with (
         tempfile.TemporaryDirectory(prefix="proxyhub-faults-") as tmp,
         running_stack(
@@ -424,7 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         run["delete"]["leftovers"]["vms"] + run["delete"]["leftovers"]["seedIsos"]
         for run in (calm, storm)
     )
-    commit = git_commit()
     report = {
         "benchmark": "faults",
         "date": started,

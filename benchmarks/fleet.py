@@ -206,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     load_before = load_average()
     started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
     for n in args.counts:
         with (
             tempfile.TemporaryDirectory(prefix="proxyhub-bench-") as tmp,
@@ -237,7 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{100 * (s['busyFraction'] or 0):.1f} %, capacity "
             f"{s['capacityRequestsPerSecond']:.0f} req/s"
         )
-    commit = git_commit()
     report = {
         "benchmark": "fleet",
         "date": started,

@@ -170,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     load_before = load_average()
     started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
     baseline: list[dict[str, Any]] = []
     outage: list[dict[str, Any]] = []
     with (
@@ -290,7 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "operationLastErrors": dict(Counter(op["lastError"][:160] for op in bad_ops)),
         "breaker": breaker,
     }
-    commit = git_commit()
     report = {
         "benchmark": "isolation",
         "date": started,

@@ -137,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs = []
     started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
     load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="proxyhub-prq-") as tmp:
         sim = start_simulator(Path(tmp) / "pvesim", profile="fast", log=Path(tmp) / "sim.log")
@@ -154,7 +156,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         finally:
             sim.stop()
-    commit = git_commit()
     report = {
         "benchmark": "provider_requests",
         "date": started,
