@@ -63,10 +63,14 @@ sim: $(STAMP)
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
 
-# Benchmarks (not part of `make test`): fleet create time against the simulator's floor, and
-# requests per create/delete of the bare provider. Needs PostgreSQL and Redis on 127.0.0.1,
-# like the integration tier. Results land in benchmarks/results/; see benchmarks/README.md.
+# Benchmarks (not part of `make test`): requests per create/delete of the bare provider, fleet
+# create time against the simulator's floor, a fleet under a storm of transient faults, and a
+# good cluster's creates while another is unreachable. Needs PostgreSQL and Redis on 127.0.0.1,
+# like the integration tier; about 15 minutes. Results land in benchmarks/results/, headline
+# figures in benchmarks/results/latest.json; see benchmarks/README.md.
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python benchmarks/provider_requests.py
 	$(BIN)/python benchmarks/fleet.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/faults.py
+	$(BIN)/python benchmarks/isolation.py

@@ -24,17 +24,14 @@ see it was not the bottleneck).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +39,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.floor import fleet_floor  # noqa: E402
+from benchmarks.record import (  # noqa: E402
+    Figure,
+    append_report,
+    git_commit,
+    load_average,
+    now_iso,
+    record_latest,
+    shown,
+    variant,
+)
 from tests.integration.itstack import Services, Simulator, Stack, running_stack  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 PREFIX = "bench"
+# The targets (README): ratio to the floor with one worker process, by fleet size.
+TARGETS = {20: 3.0, 200: 4.0}
 
 # Reads repeated while something runs: task status, VM status, the guest agent.
 POLL_SUFFIXES = ("/tasks/{upid}/status", "/status/current")
@@ -162,20 +170,6 @@ def run_one(
     }
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--counts", type=int, nargs="+", default=[20, 200])
@@ -195,6 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0, help="simulator --time-scale")
     parser.add_argument("--timeout", type=float, default=900, help="per N, seconds")
     parser.add_argument("--out", type=Path, default=None, help="results file (JSON)")
+    parser.add_argument(
+        "--no-latest", action="store_true", help="do not merge the figures into latest.json"
+    )
     args = parser.parse_args(argv)
 
     services = Services.from_env()
@@ -207,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "PROXYHUB_ADDRESS_POLL_SECONDS": str(args.address_poll),
     }
     runs = []
+    load_before = load_average()
+    started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
     for n in args.counts:
         with (
             tempfile.TemporaryDirectory(prefix="proxyhub-bench-") as tmp,
@@ -240,9 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     report = {
         "benchmark": "fleet",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _git_commit(),
+        "date": started,
+        "commit": commit,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "loadAverage": {"before": load_before, "after": load_average()},
         "profile": "fast",
         "timeScale": args.time_scale,
         "workerConcurrency": args.concurrency,
@@ -250,14 +252,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         "addressPollSeconds": args.address_poll,
         "runs": runs,
     }
-    out = args.out or RESULTS / f"fleet-{datetime.now(UTC):%Y-%m-%d}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    existing = json.loads(out.read_text()) if out.exists() else []
-    if isinstance(existing, dict):
-        existing = [existing]
-    existing.append(report)
-    out.write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"results appended to {out.relative_to(REPO) if out.is_relative_to(REPO) else out}")
+    out = append_report("fleet", report, args.out)
+    # The headline figures are at the product's defaults; a run with other knobs records its
+    # own names beside them rather than replacing them.
+    knobs = variant(
+        poll=(args.poll_interval, 1.0),
+        address=(args.address_poll, 3.0),
+        concurrency=(args.concurrency, 1),
+        scale=(args.time_scale, 1.0),
+    )
+    if not args.no_latest:
+        record_latest(
+            {
+                f"fleet_ratio_{r['proxies']}{knobs}": Figure(
+                    r["ratio"],
+                    TARGETS.get(r["proxies"]),
+                    "x floor",
+                    {
+                        "wallSeconds": r["wallSeconds"],
+                        "floorSeconds": r["floorSeconds"],
+                        "requestsPerProxy": r["requests"]["perProxy"],
+                        "workerConcurrency": args.concurrency,
+                        "pollIntervalSeconds": args.poll_interval,
+                        "addressPollSeconds": args.address_poll,
+                        "timeScale": args.time_scale,
+                        "loadAverage": load_before,
+                    },
+                )
+                for r in runs
+            },
+            measured_at=started,
+            commit=commit,
+        )
+    print(f"results appended to {shown(out)}")
     return 0
 
 

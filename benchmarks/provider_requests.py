@@ -17,7 +17,6 @@ durations, so the run is repeated for each ``--poll-interval`` given.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.fleet import classify_request  # noqa: E402
+from benchmarks.record import (  # noqa: E402
+    Figure,
+    append_report,
+    git_commit,
+    load_average,
+    now_iso,
+    record_latest,
+    shown,
+)
 from provisioning.proxmox.api import Api  # noqa: E402
 from provisioning.proxmox.budgets import Budgets  # noqa: E402
 from provisioning.proxmox.config import ProxmoxConfig  # noqa: E402
@@ -43,7 +50,6 @@ from provisioning.proxmox.http import HttpTransport  # noqa: E402
 from provisioning.proxmox.provider import Provider  # noqa: E402
 from tests.integration.itstack import Simulator, start_simulator  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results"
 INSTALLATION = "ph-benchmark"
 
 
@@ -124,9 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--poll-interval", type=float, nargs="+", default=[1.0, 0.2])
     parser.add_argument("--repeats", type=int, default=6, help="creates (and deletes) per run")
     parser.add_argument("--out", type=Path, default=None, help="results file (JSON)")
+    parser.add_argument(
+        "--no-latest", action="store_true", help="do not merge the figures into latest.json"
+    )
     args = parser.parse_args(argv)
 
     runs = []
+    started = now_iso()
+    # The code that runs is the checkout's at the start; files edited meanwhile are not in it.
+    commit = git_commit()
+    load_before = load_average()
     with tempfile.TemporaryDirectory(prefix="proxyhub-prq-") as tmp:
         sim = start_simulator(Path(tmp) / "pvesim", profile="fast", log=Path(tmp) / "sim.log")
         try:
@@ -145,16 +158,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             sim.stop()
     report = {
         "benchmark": "provider_requests",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": started,
+        "commit": commit,
+        "loadAverage": {"before": load_before, "after": load_average()},
         "profile": "fast",
         "runs": runs,
     }
-    out = args.out or RESULTS / f"provider-requests-{datetime.now(UTC):%Y-%m-%d}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    existing = json.loads(out.read_text()) if out.exists() else []
-    existing.append(report)
-    out.write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"results appended to {out}")
+    out = append_report("provider-requests", report, args.out)
+    if not args.no_latest:
+        figures: dict[str, Figure] = {}
+        for run in runs:
+            interval = f"{run['pollIntervalSeconds']:g}s"
+            for what in ("create", "delete"):
+                split = run[what]
+                figures[f"provider_{what}_requests_poll_{interval}"] = Figure(
+                    split["total"],
+                    None,  # no issue sets a ceiling; the README explains each request
+                    "requests",
+                    {
+                        "mutations": split["mutations"],
+                        "polls": split["polls"],
+                        "otherReads": split["otherReads"],
+                        "repeats": run["repeats"],
+                    },
+                )
+        record_latest(figures, measured_at=started, commit=commit)
+    print(f"results appended to {shown(out)}")
     return 0
 
 

@@ -5,7 +5,8 @@ can do (send a step message again with the operation's current token, as a broke
 redelivers would). It prints one JSON document on stdout.
 
     python tests/integration/probe.py journal PREFIX
-    python tests/integration/probe.py timing PREFIX
+    python tests/integration/probe.py timing PREFIX [--kind delete]
+    python tests/integration/probe.py operations PREFIX [--kind create]
     python tests/integration/probe.py duplicate PREFIX --copies 2 --seconds 60
 """
 
@@ -52,14 +53,15 @@ def journal(prefix: str) -> list[dict[str, Any]]:
     return out
 
 
-def timing(prefix: str) -> dict[str, Any]:
-    """When the prefix's create operations were asked for and when the last one finished (the
-    proxy Running with its address), as epoch seconds from the journal's own timestamps."""
+def timing(prefix: str, kind: str = "create") -> dict[str, Any]:
+    """When the prefix's operations of ``kind`` were asked for and when the last one finished
+    (for a create: the proxy Running with its address; for a delete: the VM and its seed gone),
+    as epoch seconds from the journal's own timestamps."""
     from django.db.models import Count, Max, Min
 
     from provisioning.models import Operation
 
-    ops = Operation.objects.filter(proxy_name__startswith=prefix, kind="create")
+    ops = Operation.objects.filter(proxy_name__startswith=prefix, kind=kind)
     span = ops.aggregate(first=Min("created_at"), last=Max("finished_at"), count=Count("pk"))
     states = dict(ops.values_list("state").annotate(n=Count("pk")).values_list("state", "n"))
     return {
@@ -68,6 +70,48 @@ def timing(prefix: str) -> dict[str, Any]:
         "firstCreated": span["first"].timestamp() if span["first"] else None,
         "lastFinished": span["last"].timestamp() if span["last"] else None,
     }
+
+
+def operations(prefix: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """Every operation of the prefix (of ``kind`` when given) with its counters and the timing
+    of each step, as epoch seconds: where an operation's time went (the benchmarks read it)."""
+    from provisioning.models import Operation
+
+    def epoch(value: Any) -> float | None:
+        return value.timestamp() if value is not None else None
+
+    ops = Operation.objects.filter(proxy_name__startswith=prefix)
+    if kind:
+        ops = ops.filter(kind=kind)
+    out = []
+    for op in ops.order_by("created_at").prefetch_related("steps"):
+        out.append(
+            {
+                "id": str(op.pk),
+                "kind": str(op.kind),
+                "state": str(op.state),
+                "proxyName": op.proxy_name,
+                "clusterId": op.cluster_id,
+                "attempts": op.attempts,
+                "faults": op.faults,
+                "redispatches": op.redispatches,
+                "lastError": op.last_error,
+                "createdAt": epoch(op.created_at),
+                "startedAt": epoch(op.started_at),
+                "finishedAt": epoch(op.finished_at),
+                "steps": [
+                    {
+                        "name": s.name,
+                        "state": str(s.state),
+                        "startedAt": epoch(s.started_at),
+                        "finishedAt": epoch(s.finished_at),
+                        "message": s.message,
+                    }
+                    for s in sorted(op.steps.all(), key=lambda s: s.seq)
+                ],
+            }
+        )
+    return out
 
 
 def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict[str, int]:
@@ -112,6 +156,10 @@ def main(argv: list[str]) -> int:
     j.add_argument("prefix")
     t = sub.add_parser("timing")
     t.add_argument("prefix")
+    t.add_argument("--kind", default="create")
+    o = sub.add_parser("operations")
+    o.add_argument("prefix")
+    o.add_argument("--kind", default=None)
     d = sub.add_parser("duplicate")
     d.add_argument("prefix")
     d.add_argument("--copies", type=int, default=2)
@@ -122,7 +170,9 @@ def main(argv: list[str]) -> int:
     if args.action == "journal":
         result: Any = journal(args.prefix)
     elif args.action == "timing":
-        result = timing(args.prefix)
+        result = timing(args.prefix, args.kind)
+    elif args.action == "operations":
+        result = operations(args.prefix, args.kind)
     else:
         result = duplicate(args.prefix, args.copies, args.seconds, args.interval)
     json.dump(result, sys.stdout)

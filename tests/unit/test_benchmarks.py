@@ -1,0 +1,230 @@
+"""The benchmarks' own arithmetic and tools, checked fast (the benchmarks themselves take minutes
+and run with ``make bench``, never in the test suite; STYLE.md: timing belongs in benchmarks/).
+
+What a benchmark reports is only as good as what it computes and injects: the floor, the fault
+storm's rates, the results file it merges into, and the black hole standing in for a dead
+cluster. Each is checked here without starting a stack.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import socket
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import trustme
+
+from benchmarks import faults, isolation  # noqa: F401  (importable without a stack)
+from benchmarks.blackhole import BlackHole
+from benchmarks.floor import fleet_floor
+from benchmarks.observe import (
+    JournalWatch,
+    backoff_summary,
+    deliveries_from_log,
+    log_counts,
+    worker_log,
+)
+from benchmarks.record import Figure, record_latest, variant
+from provisioning.proxmox.api import Api
+from provisioning.proxmox.errors import RequestTimeout, classify
+from provisioning.proxmox.http import HttpTransport
+from pvesim.faults import Faults
+
+
+def test_the_floor_of_twenty_proxies_is_the_template_nodes_work() -> None:
+    # README: 7/7/6 with the template on pve1 -> W_T = 20 * 0.3 + 7 * 0.3 = 8.1 s.
+    floor = fleet_floor({"pve1": 7, "pve2": 7, "pve3": 6}, template_node="pve1")
+    assert floor.seconds == pytest.approx(8.1 / 4 + 0.6)
+    assert floor.critical_path == pytest.approx(1.2)
+    assert floor.seconds == floor.template_node_bound
+
+
+def test_the_storm_fails_exactly_the_share_it_documents_on_every_method() -> None:
+    rules = faults.storm_rules()
+    for method in ("GET", "POST", "PUT", "DELETE"):
+        mine = [r for r in rules if r["method"] == method]
+        assert all(r["path"] is None for r in mine), "every endpoint meets the storm"
+        mix = faults.READ_MIX if method == "GET" else faults.MUTATION_MIX
+        # The simulator stops at the first rule that fires, so rule i fails a call with
+        # probability rate_i * prod(1 - rate_j, j < i): that must be its documented share.
+        passed = 1.0
+        for rule, (kind, share, applied) in zip(mine, mix, strict=True):
+            assert (rule["kind"], rule["applied"]) == (kind, applied)
+            assert passed * rule["rate"] == pytest.approx(share)
+            passed *= 1 - rule["rate"]
+        assert 1 - passed == pytest.approx(faults.FAULT_RATE)
+    assert not any(r["kind"] == "stall" for r in rules), "a stall measures timeouts, not faults"
+
+
+def test_the_simulator_takes_the_storm_and_fails_a_fifth_of_the_calls() -> None:
+    engine_faults = Faults(random.Random(7))
+    for rule in faults.storm_rules():
+        engine_faults.add(**rule)
+    calls = 20000
+    for method, key in (
+        ("GET", "GET /cluster/resources"),
+        ("POST", "POST /nodes/{node}/qemu/{vmid}/clone"),
+    ):
+        hits = sum(1 for _ in range(calls) if engine_faults.pick(method, key) is not None)
+        # Binomial(20000, 0.2): four standard deviations are 0.011.
+        assert math.isclose(hits / calls, faults.FAULT_RATE, abs_tol=0.012)
+
+
+def test_latest_keeps_other_benchmarks_figures_and_replaces_its_own(tmp_path: Path) -> None:
+    latest = tmp_path / "latest.json"
+    record_latest({"fleet_ratio_20": Figure(2.7, 3.0, "x floor")}, commit="a", path=latest)
+    record_latest(
+        {"fault_create_ratio": Figure(1.4, 2.0, "x", {"proxies": 30})},
+        measured_at="2026-12-01T00:00:00+00:00",
+        commit="b",
+        path=latest,
+    )
+    record_latest({"fleet_ratio_20": Figure(2.6, 3.0, "x floor")}, commit="c", path=latest)
+    document = json.loads(latest.read_text())
+    assert set(document) == {"fleet_ratio_20", "fault_create_ratio"}
+    assert document["fault_create_ratio"] == {
+        "value": 1.4,
+        "target": 2.0,
+        "unit": "x",
+        "measured_at": "2026-12-01T00:00:00+00:00",
+        "commit": "b",
+        "details": {"proxies": 30},
+    }
+    assert (document["fleet_ratio_20"]["value"], document["fleet_ratio_20"]["commit"]) == (
+        2.6,
+        "c",
+    )
+
+
+def test_a_run_off_the_defaults_records_under_its_own_name() -> None:
+    assert variant(concurrency=(1, 1), poll=(1.0, 1.0)) == ""
+    assert variant(concurrency=(4, 1), poll=(0.2, 1.0)) == "_concurrency4_poll0.2"
+
+
+def test_the_black_hole_completes_tls_and_holds_a_request_until_its_timeout(
+    tmp_path: Path,
+) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key, ca_file, token = (tmp_path / n for n in ("cert.pem", "key.pem", "ca.pem", "token"))
+    cert.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    key.write_bytes(leaf.private_key_pem.bytes())
+    ca.cert_pem.write_to_path(str(ca_file))
+    token.write_text("bench@pve!hole=00000000-0000-0000-0000-000000000000\n")
+    with BlackHole(cert_file=cert, key_file=key) as hole:
+        transport = HttpTransport(hole.url, str(token), ca_file=str(ca_file), request_timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout) as caught:
+            Api(transport).version()
+        waited = time.monotonic() - started
+        transport.close()
+        error = classify("version", caught.value)
+        assert (error.kind, error.unreachable) == ("transient", True)
+        assert waited >= 0.5
+        connections = hole.snapshot()
+    assert len(connections) == 1
+    assert connections[0].handshake and connections[0].received > 0
+
+
+def test_the_plain_black_hole_accepts_and_never_answers() -> None:
+    with BlackHole() as hole, socket.create_connection((hole.host, hole.port), timeout=2) as sock:
+        sock.sendall(b"GET /api2/json/version HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)
+    assert hole.url.startswith("http://")
+
+
+def test_the_journal_watch_counts_each_delivery_once_and_reads_its_backoff() -> None:
+    watch = JournalWatch("postgres://unused", ["storm-"])
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def row(token: str, state: str, attempts: int, delay: float, error: str = "") -> tuple:
+        due = at + timedelta(seconds=delay)
+        return ("op1", "storm-01", "create", state, attempts, attempts, token, at, due, error, "c")
+
+    watch._operations([row("t1", "running", 0, 0.0)], 1.0)
+    watch._operations([row("t1", "running", 0, 0.0)], 1.25)  # the same delivery, seen again
+    watch._operations([row("t2", "running", 1, 0.8, "500 got timeout")], 1.5)
+    watch._operations([row("t3", "running", 2, 1.6, "deferred: cluster c is unreachable")], 2.0)
+    watch._operations([row("t4", "succeeded", 0, 0.0)], 3.0)
+    assert [d.outcome for d in watch.deliveries] == ["step", "backoff", "deferred", "finished"]
+    assert watch.max_attempts == {"op1": 2}
+    summary = backoff_summary(watch.deliveries)
+    assert (summary["failedDeliveries"], summary["backoffSecondsTotal"]) == (1, 0.8)
+
+
+def test_the_worker_log_gives_each_delivery_its_operation_cluster_and_run_time(
+    tmp_path: Path,
+) -> None:
+    step = {"task_name": "proxyhub.provisioning.step"}
+    lines = [
+        # A delivery of the dead cluster's operation: one call that got no answer.
+        {
+            "ts": "2026-12-01T23:27:33.626+00:00",
+            "task_id": "t1",
+            **step,
+            "message": "proxmox api call failed",
+            "cluster": "blackhole",
+            "duration": 30.0,
+        },
+        {
+            "ts": "2026-12-01T23:27:33.647+00:00",
+            "task_id": "t1",
+            **step,
+            "message": "Task proxyhub.provisioning.step[t1] succeeded in 30.04s: None",
+            "data": {"kwargs": "{'operation_id': 'aa-1', 'token': 'x'}"},
+        },
+        # A delivery of a good operation that met a fault, read again and ran a step again.
+        {
+            "ts": "2026-12-01T23:27:34.000+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "proxmox api read retried",
+            "pause": 0.15,
+        },
+        {
+            "ts": "2026-12-01T23:27:34.100+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "step retried in place",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.300+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "step retried in place",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.400+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "proxmox api call",
+            "cluster": "pvesim",
+        },
+        {
+            "ts": "2026-12-01T23:27:34.500+00:00",
+            "task_id": "t2",
+            **step,
+            "message": "Task proxyhub.provisioning.step[t2] succeeded in 0.5s: None",
+            "data": {"kwargs": "{'operation_id': 'bb-2', 'token': 'y'}"},
+        },
+    ]
+    path = tmp_path / "worker.log"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\nnot json\n")
+    parsed = worker_log(path)
+    tasks = deliveries_from_log(parsed)
+    assert {k: (v["operation"], v["runtime"], dict(v["clusters"])) for k, v in tasks.items()} == {
+        "t1": ("aa-1", 30.04, {"blackhole": 1}),
+        "t2": ("bb-2", 0.5, {"pvesim": 1}),
+    }
+    counts = log_counts(parsed, parsed[0]["t"], parsed[-1]["t"])
+    assert counts["deliveries"] == 2 and counts["deliverySeconds"] == pytest.approx(30.54)
+    assert (counts["readsRetried"], counts["stepsRetriedInPlace"]) == (1, 2)
+    # Two runs again in one delivery: pauses of 0.1 and 0.2 s expected.
+    assert counts["inPlacePauseSecondsExpected"] == pytest.approx(0.3)
