@@ -113,21 +113,31 @@ def _str_values(config: Mapping[str, Any]) -> dict[str, str]:
 class ReadRetry:
     """How often a GET that met a transient fault is sent again before its failure stands.
 
-    The first retry goes out at once (most hiccups are one dropped connection); later ones wait
-    ``pause`` seconds, doubling, each with jitter so many workers do not retry in step. A retry
-    never waits past the caller's deadline. Slow failures (a request that timed out) are not
-    retried in place: they already spent their time, and an unreachable cluster is the circuit
-    breaker's to handle.
+    The pause is sized to the fault. A dropped connection or a 5xx of a pveproxy that could not
+    reach its node is sent again at once: waiting would not help, and in a worker every pause
+    delays every other operation it drives. Contention (a busy pveproxy answering 500 ``got
+    timeout`` or ``got no worker upid``) is given ``pause`` seconds, doubling, with jitter so
+    workers do not retry in step; the first retry still goes at once. A retry never waits past
+    the caller's deadline. Slow failures (a request that timed out) are not retried in place:
+    they already spent their time, and an unreachable cluster is the circuit breaker's.
     """
 
     retries: int = 0
     pause: float = 0.2
 
-    def delay(self, retry: int) -> float:
-        """The pause before retry number ``retry`` (1-based)."""
-        if retry <= 1:
+    def delay(self, retry: int, failure: BaseException | None = None) -> float:
+        """The pause before retry number ``retry`` (1-based) after ``failure``."""
+        if retry <= 1 or not contention(failure):
             return 0.0
         return self.pause * (2 ** (retry - 2)) * random.uniform(0.5, 1.0)  # jitter, not a secret
+
+
+def contention(failure: BaseException | None) -> bool:
+    """Whether Proxmox answered that it is too busy right now (a lock or a worker it waited
+    for in vain): the one kind of fault a short pause before the next try helps with."""
+    if isinstance(failure, ApiError) and failure.status == 500:
+        return any(text in failure.message for text in (*_RETRYABLE_500, "can't lock file"))
+    return False
 
 
 NO_READ_RETRY = ReadRetry()
@@ -195,7 +205,7 @@ class Api:
                 if retry >= self.reads.retries or not retryable_read_failure(exc):
                     raise
                 retry += 1
-                pause = self.reads.delay(retry)
+                pause = self.reads.delay(retry, exc)
                 left = deadline.remaining() if deadline is not None else None
                 if left is not None and left <= pause:
                     raise

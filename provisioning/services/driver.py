@@ -55,8 +55,9 @@ log = logging.getLogger("proxyhub.operations")
 
 # How long a step waits for a proxy another operation still holds before it looks again.
 LEASE_WAIT_SECONDS = 2.0
-# The pause before a step is run again in the same delivery: long enough for a lock that timed
-# out to clear, short enough that a hiccup costs a fraction of a second.
+# The pause before a contended step is run again in the same delivery: long enough for a lock
+# that timed out to clear, short enough that it costs a fraction of a second. Other faults are
+# tried again without a pause.
 IN_PLACE_PAUSE_SECONDS = 0.1
 
 
@@ -78,8 +79,10 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
         return
     breaker = _breaker(op)
     admission = circuit.ALLOWED
-    if op.cluster_id is not None:
-        admission = circuit.circuit_admit(cluster_id=op.cluster_id, breaker=breaker, now=now)
+    if op.cluster is not None:
+        admission = circuit.circuit_admit(cluster=op.cluster, breaker=breaker, now=now)
+        if admission.probe:
+            breaker = None  # the probe found the cluster answering and closed the breaker
     if not admission.allowed:
         until = admission.until or now
         wait = max(0.0, (until - now).total_seconds()) + random.uniform(0.0, 1.0)
@@ -92,8 +95,9 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
     started = time.monotonic()
     with claims.claim_renewed(operation_id=str(op.pk), claim=claim):
         outcome = _attempt(op)
-    _persist(op, claim, outcome, db_now(), time.monotonic() - started)
-    _record_reachability(op, outcome, breaker)
+    seconds = time.monotonic() - started
+    _persist(op, claim, outcome, db_now(), seconds)
+    _record_reachability(op, outcome, breaker, seconds)
 
 
 # --- one attempt, retried in place -------------------------------------------------------------
@@ -118,8 +122,17 @@ def _attempt(op: Operation) -> Outcome:
             extra={"operation": str(op.pk), "step": outcome.result.step, "error": str(error)},
         )
         progress = dict(outcome.progress)
-        time.sleep(IN_PLACE_PAUSE_SECONDS * (attempt + 1) * random.uniform(0.5, 1.5))
+        if _contended(error):
+            # Only contention is helped by waiting a moment; a lost reply is read back at
+            # once, and a dropped connection or a 5xx is simply tried again.
+            time.sleep(IN_PLACE_PAUSE_SECONDS * (attempt + 1) * random.uniform(0.5, 1.5))
     return outcome  # pragma: no cover - the loop always returns
+
+
+def _contended(error: ClassifiedError) -> bool:
+    """Proxmox said it is busy: a lock it could not take in time, or a worker it waited for."""
+    text = error.message
+    return "got timeout" in text or "got no worker upid" in text or "VM is locked" in text
 
 
 def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
@@ -185,13 +198,17 @@ def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "
             dispatch.send_after_commit(str(op.pk), token, delay)
 
 
-def _record_reachability(op: Operation, outcome: Outcome, breaker: CircuitBreaker | None) -> None:
+def _record_reachability(
+    op: Operation, outcome: Outcome, breaker: CircuitBreaker | None, seconds: float
+) -> None:
     if op.cluster_id is None:
         return
     error = outcome.result.error if outcome.result.status == "error" else None
     now = db_now()
     if error is not None and error.unreachable:
-        circuit.circuit_record_failure(cluster_id=op.cluster_id, error=str(error), now=now)
+        circuit.circuit_record_failure(
+            cluster_id=op.cluster_id, error=str(error), now=now, seconds=seconds
+        )
     elif error is None:
         circuit.circuit_record_success(cluster_id=op.cluster_id, breaker=breaker, now=now)
 

@@ -101,7 +101,7 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         return counts
     breaker = CircuitBreaker.objects.filter(pk=cluster.pk).first()
     now = db_now()
-    if not circuit.circuit_admit(cluster_id=cluster.pk, breaker=breaker, now=now).allowed:
+    if not circuit.circuit_admit(cluster=cluster, breaker=breaker, now=now).allowed:
         counts["circuit_open"] += len(proxies)
         return counts
     busy = set(
@@ -110,12 +110,18 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         ).values_list("proxy_id", flat=True)
     )
     provider = provider_for(cluster)
+    started = time.monotonic()
     try:
         listing = provider.api.cluster_resources()
     except Exception as err:
         error = classify("list", err)
         if error.unreachable:
-            circuit.circuit_record_failure(cluster_id=cluster.pk, error=str(error), now=db_now())
+            circuit.circuit_record_failure(
+                cluster_id=cluster.pk,
+                error=str(error),
+                now=db_now(),
+                seconds=time.monotonic() - started,
+            )
         raise error from err
     circuit.circuit_record_success(cluster_id=cluster.pk, breaker=breaker, now=db_now())
     by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}

@@ -261,11 +261,14 @@ PROXYHUB_MAX_AGE_CREATE_SECONDS = env.int("PROXYHUB_MAX_AGE_CREATE_SECONDS", def
 PROXYHUB_MAX_AGE_REPLACE_SECONDS = env.int("PROXYHUB_MAX_AGE_REPLACE_SECONDS", default=5400)
 PROXYHUB_MAX_AGE_DELETE_SECONDS = env.int("PROXYHUB_MAX_AGE_DELETE_SECONDS", default=3600)
 PROXYHUB_MAX_AGE_POWER_SECONDS = env.int("PROXYHUB_MAX_AGE_POWER_SECONDS", default=1800)
-# The per-cluster circuit breaker: opens after this many connection failures in a row, defers
-# the cluster's steps for the open interval (doubling after a failed probe, up to the maximum).
+# The per-cluster circuit breaker: opens after this many connection failures in a row (at once
+# after one that held a worker 5 s or more), defers the cluster's steps for the open interval
+# (doubling after a failed probe, up to the maximum).
 PROXYHUB_CIRCUIT_FAILURES = env.int("PROXYHUB_CIRCUIT_FAILURES", default=5)
 PROXYHUB_CIRCUIT_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_OPEN_SECONDS", default=15.0)
 PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS", default=120.0)
+# When the breaker's time is up, one cheap request bounded by this many seconds probes the cluster.
+PROXYHUB_CIRCUIT_PROBE_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_SECONDS", default=3.0)
 # Reconcile and GC rounds stop starting new work after the deadline; their tasks' time limits
 # follow it, and the job lease must outlast them (system check proxyhub.E002).
 PROXYHUB_ROUND_DEADLINE_SECONDS = env.int("PROXYHUB_ROUND_DEADLINE_SECONDS", default=240)

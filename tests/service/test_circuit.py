@@ -177,3 +177,38 @@ def test_the_breaker_shows_on_the_cluster_page_the_proxy_list_and_metrics(
     assert 'proxyhub_cluster_circuit_open{cluster="dead",state="open"} 1.0' in metrics
     assert 'proxyhub_cluster_circuit_open{cluster="pvesim",state="closed"} 0.0' in metrics
     assert 'proxyhub_cluster_circuit_times_opened{cluster="dead"} 2.0' in metrics
+
+
+def test_one_costly_failure_opens_the_breaker_and_probes_are_one_short_request(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host that accepts connections and never answers costs a whole request timeout per try:
+    one such failure opens the breaker, and its probes are one cheap request each, never a step
+    that could hold a worker for the full timeout."""
+    from provisioning.proxmox.errors import RequestTimeout
+    from provisioning.services import circuit
+
+    cluster, gone = dead
+    monkeypatch.setattr(circuit, "COSTLY_FAILURE_SECONDS", 0.05)
+    calls: list[str] = []
+
+    def slow(call: Call, *, deadline: Any) -> Any:
+        calls.append(call.name)
+        time.sleep(0.06)
+        raise RequestTimeout(f"{call.method} {call.path}: no answer in time (read timed out)")
+
+    monkeypatch.setattr(gone, "send", slow)
+    pump.call(operations.proxy_create, spec=_spec(cluster, "silent"))
+    message = pump.queue.pop(0)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.OPEN and breaker.failures == 1
+    assert calls == ["cluster_resources"]  # the lookup's first read, once: timeouts are not retried
+    # The breaker's time is up: the next delivery probes with one version request, which also
+    # times out, and the breaker opens again for twice as long without running the step.
+    CircuitBreaker.objects.filter(pk=cluster.pk).update(retry_at=db_now())
+    message = pump.queue.pop(0)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    assert calls == ["cluster_resources", "version"]
+    breaker.refresh_from_db()
+    assert breaker.state == CircuitState.OPEN and breaker.open_seconds == 1.0  # 0.5 s doubled
