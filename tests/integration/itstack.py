@@ -10,7 +10,7 @@
 
 Every child gets an environment built from scratch with ``proxyhub.settings.production``, so
 it is a production process: DEBUG off, a real secret key, Redis and PostgreSQL from the URLs.
-The only departures are timing knobs (short polls, claim and sweeper grace), set in the
+The only departures are timing knobs (short polls, a frequent reconcile), set in the
 environment.
 
 The benchmarks (``benchmarks/fleet.py``) start the same stack, so this module does not import
@@ -525,6 +525,15 @@ class Stack:
     def manage_json(self, *args: str, env: Mapping[str, str] | None = None) -> Any:
         """A ``--json`` command's output (commands log to stderr, so stdout is the document)."""
         return json.loads(self.manage(*args, env=env).stdout)
+
+    def settings(self, *names: str) -> dict[str, Any]:
+        """The values the stack's processes see for these Django settings (environment first,
+        then the shipped defaults), read by a child with the stack's environment."""
+        code = (
+            "import json, sys; from django.conf import settings; "
+            f"json.dump({{n: getattr(settings, n) for n in {list(names)!r}}}, sys.stdout)"
+        )
+        return dict(self.manage_json("shell", "--no-imports", "--command", code))
 
     def proxies(self, prefix: str = "") -> list[dict[str, Any]]:
         """``proxies list --json``, only the names starting with ``prefix``."""
