@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import measured
 import pytest
 from itstack import Beat, Services, Stack, Worker, running_stack
 
@@ -90,3 +93,28 @@ def beat(stack: Stack) -> Iterator[Beat]:
     yield the_beat
     the_beat.stop()
     stack.beats.remove(the_beat)
+
+
+@pytest.fixture
+def measure(request: pytest.FixtureRequest, stack: Stack, tmp_path: Path) -> measured.Measure:
+    """Record a figure (see ``measured``): ``measure("what", 12.3, "s", fleet=10)``."""
+
+    def record(what: str, value: float, unit: str, **context: Any) -> None:
+        entry = {"test": request.node.name, "what": what, "value": round(value, 2), "unit": unit}
+        measured.record(
+            {**entry, **context},
+            tmp_path / "measurements.json",
+            stack.logdir / "measurements.json",
+        )
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if measured.SESSION:
+        terminalreporter.section("integration measurements")
+        for entry in measured.SESSION:
+            context = {k: v for k, v in entry.items() if k not in ("test", "what", "value", "unit")}
+            terminalreporter.write_line(
+                f"{entry['what']}: {entry['value']} {entry['unit']}  ({entry['test']}; {context})"
+            )
