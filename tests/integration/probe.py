@@ -8,6 +8,7 @@ redelivers would). It prints one JSON document on stdout.
     python tests/integration/probe.py timing PREFIX [--kind delete]
     python tests/integration/probe.py operations PREFIX [--kind create]
     python tests/integration/probe.py duplicate PREFIX --copies 2 --seconds 60
+    python tests/integration/probe.py proxies PREFIX
 """
 
 from __future__ import annotations
@@ -114,6 +115,24 @@ def operations(prefix: str, kind: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def proxies(prefix: str) -> list[dict[str, Any]]:
+    """What ``proxies list --json`` leaves out: what the operator asked for (``desired_*``)."""
+    from provisioning.models import Proxy
+
+    rows = Proxy.objects.filter(name__startswith=prefix).order_by("name")
+    return [
+        {
+            "name": p.name,
+            "phase": str(p.phase),
+            "desiredState": str(p.desired_state),
+            "desiredPower": str(p.desired_power),
+            "vmid": p.vmid,
+            "providerId": p.provider_id,
+        }
+        for p in rows
+    ]
+
+
 def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict[str, int]:
     """Keep sending ``copies`` extra messages for every in-flight step of the prefix's
     operations, with the token the driver expects, until none is left or time is up.
@@ -165,6 +184,7 @@ def main(argv: list[str]) -> int:
     d.add_argument("--copies", type=int, default=2)
     d.add_argument("--seconds", type=float, default=60.0)
     d.add_argument("--interval", type=float, default=0.2)
+    sub.add_parser("proxies").add_argument("prefix")
     args = parser.parse_args(argv)
     _setup()
     if args.action == "journal":
@@ -173,6 +193,8 @@ def main(argv: list[str]) -> int:
         result = timing(args.prefix, args.kind)
     elif args.action == "operations":
         result = operations(args.prefix, args.kind)
+    elif args.action == "proxies":
+        result = proxies(args.prefix)
     else:
         result = duplicate(args.prefix, args.copies, args.seconds, args.interval)
     json.dump(result, sys.stdout)
