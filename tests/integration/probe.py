@@ -9,6 +9,7 @@ redelivers would). It prints one JSON document on stdout.
     python tests/integration/probe.py operations PREFIX [--kind create]
     python tests/integration/probe.py duplicate PREFIX --copies 2 --seconds 60
     python tests/integration/probe.py proxies PREFIX
+    python tests/integration/probe.py forget-cluster NAME
 """
 
 from __future__ import annotations
@@ -133,6 +134,35 @@ def proxies(prefix: str) -> list[dict[str, Any]]:
     ]
 
 
+def forget_cluster(name: str, seconds: float = 30.0) -> dict[str, int]:
+    """Remove a cluster that never answered, with its proxies and their operations, from the
+    database only: nothing of it exists on any Proxmox, and a delete would wait out its breaker.
+
+    Its operations are ended first, so no delivery takes one again; the one a worker may be
+    running (the breaker's probe, waiting out its timeout) is let finish, so it does not write
+    its journal entry for a row that is gone.
+    """
+    from django.db import transaction
+    from django.utils import timezone
+
+    from provisioning.models import Cluster, Operation, Proxy
+    from provisioning.models.choices import OperationState
+
+    ops = Operation.objects.filter(cluster__name=name)
+    ops.update(state=OperationState.FAILED, dispatch_token="", next_step_at=None)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not ops.exclude(claim_token="").filter(claim_expires_at__gte=timezone.now()).exists():
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # the delivery records the cluster's reachability just after its claim
+    with transaction.atomic():
+        _, gone = ops.delete()
+        _, proxies = Proxy.objects.filter(cluster__name=name).delete()
+        _, clusters = Cluster.objects.filter(name=name).delete()
+    return {**gone, **proxies, **clusters}
+
+
 def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict[str, int]:
     """Keep sending ``copies`` extra messages for every in-flight step of the prefix's
     operations, with the token the driver expects, until none is left or time is up.
@@ -185,6 +215,7 @@ def main(argv: list[str]) -> int:
     d.add_argument("--seconds", type=float, default=60.0)
     d.add_argument("--interval", type=float, default=0.2)
     sub.add_parser("proxies").add_argument("prefix")
+    sub.add_parser("forget-cluster").add_argument("name")
     args = parser.parse_args(argv)
     _setup()
     if args.action == "journal":
@@ -195,6 +226,8 @@ def main(argv: list[str]) -> int:
         result = operations(args.prefix, args.kind)
     elif args.action == "proxies":
         result = proxies(args.prefix)
+    elif args.action == "forget-cluster":
+        result = forget_cluster(args.name)
     else:
         result = duplicate(args.prefix, args.copies, args.seconds, args.interval)
     json.dump(result, sys.stdout)
