@@ -10,8 +10,8 @@
 
 Every child gets an environment built from scratch with ``proxyhub.settings.production``, so
 it is a production process: DEBUG off, a real secret key, Redis and PostgreSQL from the URLs.
-The only departures are timing knobs (short polls, a frequent reconcile), set in the
-environment.
+The only departures are timing knobs (short polls, claim and sweeper grace), set in the
+environment; ``unset`` gives a child the shipped value of a knob instead.
 
 The benchmarks (``benchmarks/fleet.py``) start the same stack, so this module does not import
 pytest and does not import Django.
@@ -498,18 +498,27 @@ class Stack:
     workers: list[Worker] = field(default_factory=list)
     beats: list[Beat] = field(default_factory=list)
 
+    def child_env(
+        self, env: Mapping[str, str] | None = None, unset: Iterable[str] = ()
+    ) -> dict[str, str]:
+        """The stack's environment plus ``env``, without ``unset`` (a child then sees those
+        settings' shipped defaults)."""
+        gone = set(unset)
+        return {k: v for k, v in {**self.env, **(env or {})}.items() if k not in gone}
+
     def manage(
         self,
         *args: str,
         timeout: float = 120,
         check: bool = True,
         env: Mapping[str, str] | None = None,
+        unset: Iterable[str] = (),
     ) -> subprocess.CompletedProcess[str]:
-        """``manage.py ARGS`` in a child with the stack's environment (plus ``env``)."""
+        """``manage.py ARGS`` in a child with the stack's environment (see ``child_env``)."""
         done = subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=REPO,
-            env={**self.env, **(env or {})},
+            env=self.child_env(env, unset),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -526,14 +535,15 @@ class Stack:
         """A ``--json`` command's output (commands log to stderr, so stdout is the document)."""
         return json.loads(self.manage(*args, env=env).stdout)
 
-    def settings(self, *names: str) -> dict[str, Any]:
+    def settings(self, *names: str, unset: Iterable[str] = ()) -> dict[str, Any]:
         """The values the stack's processes see for these Django settings (environment first,
         then the shipped defaults), read by a child with the stack's environment."""
         code = (
             "import json, sys; from django.conf import settings; "
             f"json.dump({{n: getattr(settings, n) for n in {list(names)!r}}}, sys.stdout)"
         )
-        return dict(self.manage_json("shell", "--no-imports", "--command", code))
+        done = self.manage("shell", "--no-imports", "--command", code, unset=unset)
+        return dict(json.loads(done.stdout))
 
     def proxies(self, prefix: str = "") -> list[dict[str, Any]]:
         """``proxies list --json``, only the names starting with ``prefix``."""
@@ -585,13 +595,14 @@ class Stack:
             text=True,
         )
 
-    def worker(self, name: str, *, concurrency: int = 2) -> Worker:
-        worker = Worker(name, concurrency, self.env, self.logdir / f"worker-{name}.log")
+    def worker(self, name: str, *, concurrency: int = 2, unset: Iterable[str] = ()) -> Worker:
+        env = self.child_env(unset=unset)
+        worker = Worker(name, concurrency, env, self.logdir / f"worker-{name}.log")
         self.workers.append(worker)
         return worker.start()
 
-    def beat(self) -> Beat:
-        beat = Beat(self.env, self.logdir / "beat.log")
+    def beat(self, *, unset: Iterable[str] = ()) -> Beat:
+        beat = Beat(self.child_env(unset=unset), self.logdir / "beat.log")
         self.beats.append(beat)
         return beat.start()
 

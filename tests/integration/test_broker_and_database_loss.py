@@ -128,11 +128,12 @@ def _assert_converged(stack: Stack, names: list[str], prefix: str, before: int) 
     }, "no operation lost or duplicated"
 
 
-def _sweeper(stack: Stack) -> tuple[float, float]:
-    """The sweeper's grace and interval as the stack's processes see them (the defaults)."""
-    grace, interval = "PROXYHUB_SWEEPER_GRACE_SECONDS", "PROXYHUB_SWEEPER_INTERVAL_SECONDS"
-    values = stack.settings(grace, interval)
-    return float(values[grace]), float(values[interval])
+def _grace(stack: Stack) -> float:
+    return float(stack.env["PROXYHUB_SWEEPER_GRACE_SECONDS"])
+
+
+def _sweep_interval(stack: Stack) -> float:
+    return float(stack.env["PROXYHUB_SWEEPER_INTERVAL_SECONDS"])
 
 
 # --- how late the sweeper lets a step get -------------------------------------------------------
@@ -309,14 +310,13 @@ def test_redis_restarted_empty_mid_create_every_proxy_still_converges_once(
 ) -> None:
     ours = _redis_db(stack)
     _wait_alone(lambda: _other_redis_user(ours))
-    grace, interval = _sweeper(stack)
     names = [f"bl-{i:02d}" for i in range(1, COUNT + 1)]
 
     before = _mid_create(stack, names, "bl-")
     with _redis_restarted_empty(stack):
         stack.sim.control("clear_faults")
         assert any(row["phase"] != "Running" for row in stack.proxies("bl-"))
-        monitor = LatenessMonitor(stack.env["DATABASE_URL"], "bl-", grace).start()
+        monitor = LatenessMonitor(stack.env["DATABASE_URL"], "bl-", _grace(stack)).start()
         try:
             # Nobody restarts a worker or Beat: they reconnect to the broker on their own.
             stack.wait_phase(names, "Running", timeout=60)
@@ -325,7 +325,7 @@ def test_redis_restarted_empty_mid_create_every_proxy_still_converges_once(
         assert worker.alive and second_worker.alive
 
     assert monitor.samples > 0
-    assert monitor.worst <= interval + SLACK, (
+    assert monitor.worst <= _sweep_interval(stack) + SLACK, (
         f"an unclaimed step stayed {monitor.worst:.1f} s past due after the broker was back"
     )
     _assert_converged(stack, names, "bl-", before)
@@ -337,13 +337,12 @@ def test_postgres_restarted_mid_create_loses_and_duplicates_nothing(
     services = Services.from_env()
     ours = urlsplit(stack.env["DATABASE_URL"]).path.strip("/")
     _wait_alone(lambda: _other_pg_user(services.pg_admin, ours))
-    grace, interval = _sweeper(stack)
     names = [f"dl-{i:02d}" for i in range(1, COUNT + 1)]
 
     before = _mid_create(stack, names, "dl-")
     with _postgres_restarted(services.pg_admin):
         stack.sim.control("clear_faults")
-        monitor = LatenessMonitor(stack.env["DATABASE_URL"], "dl-", grace).start()
+        monitor = LatenessMonitor(stack.env["DATABASE_URL"], "dl-", _grace(stack)).start()
         try:
             # Workers and Beat keep running: each task opens a connection if the last one died.
             stack.wait_phase(names, "Running", timeout=60)
@@ -352,7 +351,7 @@ def test_postgres_restarted_mid_create_loses_and_duplicates_nothing(
         assert worker.alive and second_worker.alive
 
     assert monitor.samples > 0
-    assert monitor.worst <= interval + SLACK, (
+    assert monitor.worst <= _sweep_interval(stack) + SLACK, (
         f"an unclaimed step stayed {monitor.worst:.1f} s past due after the database was back"
     )
     _assert_converged(stack, names, "dl-", before)

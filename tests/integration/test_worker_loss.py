@@ -83,7 +83,7 @@ def killed_mid_create(stack: Stack, _main_worker: Worker) -> Iterator[KilledCrea
     if not _main_worker.alive:
         _main_worker.start()
     names = [f"kc-{i:02d}" for i in range(1, COUNT + 1)]
-    beat = stack.beat()  # the sweeper every 10 s, reconcile every 5 s (see conftest.TIMINGS)
+    beat = stack.beat()  # the sweeper every 2 s, reconcile every 5 s (see conftest.TIMINGS)
     try:
         before = stack.sim.last_seq()
         stack.sim.control("latency", seconds=1.5, method="POST", path=CLONE_PATH)
