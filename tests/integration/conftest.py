@@ -103,7 +103,7 @@ def _free_job_leases_of_killed_workers(stack: Stack) -> None:
             ).fetchall()
         return [str(name) for (name,) in rows]
 
-    deadline = time.monotonic() + 8
+    deadline = time.monotonic() + 4  # a round of this tier ends within a second
     while (names := held()) and time.monotonic() < deadline:
         time.sleep(0.5)
     if names:

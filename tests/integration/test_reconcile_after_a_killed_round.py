@@ -1,4 +1,4 @@
-"""Reconcile runs again within a minute of its worker killed in the middle of a round.
+"""Reconcile runs again soon after its worker is killed in the middle of a round.
 
 Known defect, reported to the lead, hence ``xfail(strict=True)``: a reconcile round holds the
 job lease ``reconcile`` for ``PROXYHUB_JOB_LEASE_SECONDS`` (360 s, sized to outlast the round's
@@ -12,8 +12,8 @@ killed a worker during one of Beat's rounds (conftest now frees such a lease bet
 Here one proxy runs, Beat reconciles every 5 s, and the simulator holds every
 ``/cluster/resources`` answer back 5 s, so a round is in its listing when the ledger shows that
 listing; the worker is killed then and started again. Its proxy's VM is then stopped behind
-proxyhub's back, and reconcile must start it again within a minute of the kill (the issue's
-bound for recovery from a kill).
+proxyhub's back, and reconcile must start it again within 45 s of the kill: with Beat
+reconciling every 5 s, that leaves a lease as long as a step claim (20 s) plenty of room.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from itstack import START, Beat, Stack, Worker, wait_until
 pytestmark = pytest.mark.integration
 
 NAME = "kr-1"
-BOUND_SECONDS = 60.0
+BOUND_SECONDS = 45.0
 LISTING = "/cluster/resources"
 
 
@@ -36,7 +36,7 @@ LISTING = "/cluster/resources"
     reason="a worker killed mid-round keeps the reconcile job lease for "
     "PROXYHUB_JOB_LEASE_SECONDS (360 s): no lease renewal or release for a dead holder",
 )
-def test_reconcile_runs_again_within_a_minute_of_a_worker_killed_mid_round(
+def test_reconcile_runs_again_within_45_s_of_a_worker_killed_mid_round(
     stack: Stack, worker: Worker, beat: Beat
 ) -> None:
     stack.manage(

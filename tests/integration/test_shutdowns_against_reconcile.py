@@ -106,7 +106,7 @@ def test_twenty_shutdowns_raced_against_back_to_back_slow_reconcile_rounds_are_a
         shutdowns_began = time.time()
         pending = rng.sample(names, k=len(names))
         while pending:
-            size = rng.randint(1, 4)
+            size = rng.randint(2, 5)
             batch, pending = pending[:size], pending[size:]
             # A command takes a second or two itself; this spreads them over a round's phases.
             time.sleep(rng.uniform(0.0, LISTING_LATENCY / 2))
