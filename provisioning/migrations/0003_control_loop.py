@@ -45,6 +45,7 @@ class Migration(migrations.Migration):
                 ('times_opened', models.PositiveIntegerField(default=0)),
                 ('last_error', models.TextField(blank=True)),
                 ('changed_at', models.DateTimeField(blank=True, null=True)),
+                ('last_success_at', models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.CreateModel(

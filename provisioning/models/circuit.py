@@ -37,6 +37,9 @@ class CircuitBreaker(models.Model):
     times_opened = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
     changed_at = models.DateTimeField(null=True, blank=True)
+    # When the cluster last answered (kept to within WARM_REFRESH_SECONDS): a cluster that has
+    # not answered lately runs one step at a time until it does.
+    last_success_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.cluster_id}: {self.state}"

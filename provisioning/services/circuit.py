@@ -3,7 +3,7 @@
 Without it, every step of an unreachable cluster holds a worker slot for a connect or request
 timeout (10 to 30 s) per attempt, and one dead cluster starves every other cluster's creates.
 With it, the breaker opens after ``PROXYHUB_CIRCUIT_FAILURES`` connection failures in a row, or
-at once after one that held the worker for ``COSTLY_FAILURE_SECONDS`` or more (a request that
+at once after one that held the worker for ``COSTLY_FAILURE_SECONDS`` (2 s) or more (a request that
 timed out: a host that accepts connections and never answers costs a whole request timeout
 per try). While it is open that cluster's steps are deferred to the breaker's ``retry_at``
 without running: a delivery costs milliseconds and holds nothing.
@@ -45,8 +45,13 @@ OPEN_SECONDS = 15.0
 MAX_OPEN_SECONDS = 120.0
 # The probe's own bound: one request, answered in milliseconds by a live pveproxy.
 PROBE_SECONDS = 3.0
-# A failure that held the worker this long opens the breaker at once.
-COSTLY_FAILURE_SECONDS = 5.0
+# A failure that held the worker this long opens the breaker at once: a refusal or a reset comes
+# back in milliseconds, so a failure this slow was a timeout, which costs a worker every time.
+COSTLY_FAILURE_SECONDS = 2.0
+# A cluster that answered within this many seconds runs its steps side by side; the moment of
+# its last answer is written at most every WARM_REFRESH_SECONDS.
+WARM_SECONDS = 30.0
+WARM_REFRESH_SECONDS = 10.0
 # How long a probe may take before another delivery may probe instead (its worker may have died).
 PROBE_LOST_SECONDS = 60.0
 
@@ -73,6 +78,10 @@ def circuit_admit(*, cluster: Cluster, breaker: CircuitBreaker | None, now: date
     if breaker is None or breaker.state == CircuitState.CLOSED:
         return ALLOWED
     if breaker.retry_at is not None and breaker.retry_at > now:
+        if breaker.state == CircuitState.HALF_OPEN:
+            # Another delivery is probing: its verdict comes within the probe's bound, not at
+            # the time after which a lost probe is given up.
+            return Admission(False, until=min(breaker.retry_at, now + _probe_wait()))
         return Admission(False, until=breaker.retry_at)
     # Time for a probe (or the last probe never reported): one delivery wins it.
     won = CircuitBreaker.objects.filter(
@@ -83,8 +92,14 @@ def circuit_admit(*, cluster: Cluster, breaker: CircuitBreaker | None, now: date
         changed_at=now,
     )
     if not won:
-        return Admission(False, until=now + timedelta(seconds=random.uniform(1.0, 3.0)))
+        return Admission(False, until=now + _probe_wait())
     return _probe(cluster)
+
+
+def _probe_wait() -> timedelta:
+    """How long a step waits for another delivery's probe: its bound and a little jitter."""
+    seconds = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
+    return timedelta(seconds=seconds + random.uniform(0.2, 1.0))
 
 
 def _probe(cluster: Cluster) -> Admission:
@@ -144,22 +159,43 @@ def circuit_record_failure(
 def circuit_record_success(
     *, cluster_id: int, breaker: CircuitBreaker | None, now: datetime
 ) -> None:
-    """Proxmox answered: the failures in a row end, and an open or probing breaker closes."""
-    if breaker is None or (breaker.state == CircuitState.CLOSED and breaker.failures == 0):
-        return
-    closed = (
-        CircuitBreaker.objects.filter(pk=cluster_id)
-        .exclude(state=CircuitState.CLOSED, failures=0)
-        .update(
-            state=CircuitState.CLOSED,
-            failures=0,
-            retry_at=None,
-            open_seconds=0.0,
-            changed_at=now,
-        )
+    """Proxmox answered: the failures in a row end, an open or probing breaker closes, and the
+    cluster is warm (written at most every ``WARM_REFRESH_SECONDS``, not on every step)."""
+    fresh = (
+        breaker is not None
+        and breaker.last_success_at is not None
+        and now - breaker.last_success_at < timedelta(seconds=WARM_REFRESH_SECONDS)
     )
-    if closed and breaker.state != CircuitState.CLOSED:
+    reopened = breaker is not None and breaker.state != CircuitState.CLOSED
+    if fresh and not reopened and breaker is not None and breaker.failures == 0:
+        return
+    if breaker is None:
+        try:
+            with transaction.atomic():
+                CircuitBreaker.objects.get_or_create(pk=cluster_id)
+        except IntegrityError:
+            pass  # created concurrently
+    updates: dict[str, object] = {
+        "state": CircuitState.CLOSED,
+        "failures": 0,
+        "retry_at": None,
+        "open_seconds": 0.0,
+        "last_success_at": now,
+    }
+    if reopened:
+        updates["changed_at"] = now
+    CircuitBreaker.objects.filter(pk=cluster_id).update(**updates)
+    if reopened:
         log.info("circuit closed", extra={"cluster_id": cluster_id})
+
+
+def circuit_cold(*, cluster: Cluster, breaker: CircuitBreaker | None, now: datetime) -> bool:
+    """Whether the cluster has not answered lately (or ever): then its steps run one at a
+    time, so a host that has just gone silent holds one worker for a request timeout, not all
+    of them. Once it answers, it is warm and its steps run side by side again."""
+    if breaker is None or breaker.last_success_at is None:
+        return True
+    return now - breaker.last_success_at > timedelta(seconds=WARM_SECONDS)
 
 
 def _locked(cluster_id: int) -> CircuitBreaker:

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 
-from django.db import connection
 from django.db.models import Q
 
 from provisioning.models import Operation
@@ -27,6 +24,7 @@ from provisioning.models.choices import ACTIVE_STATES
 
 from . import dispatch, policy
 from .clock import db_now
+from .heartbeat import renewed
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -74,30 +72,13 @@ def claim_live(claim_token: str, claim_expires_at: datetime | None, now: datetim
     return bool(claim_token) and claim_expires_at is not None and claim_expires_at >= now
 
 
-@contextmanager
-def claim_renewed(*, operation_id: str, claim: str) -> Iterator[None]:
-    """Keep the claim alive while the block runs: a background thread pushes its expiry out
-    every third of its length. Most steps end long before the first renewal, so the thread
-    usually only waits and exits without touching the database."""
+def claim_renewed(*, operation_id: str, claim: str) -> AbstractContextManager[None]:
+    """Keep the claim alive while the block runs (``heartbeat.renewed``)."""
     ttl = policy.claim_seconds()
-    stop = threading.Event()
 
     def renew() -> None:
-        try:
-            while not stop.wait(ttl / 3):
-                try:
-                    Operation.objects.filter(pk=operation_id, claim_token=claim).update(
-                        claim_expires_at=db_now() + timedelta(seconds=ttl)
-                    )
-                except Exception:  # the database may be restarting; the next beat tries again
-                    log.warning("claim renewal failed", extra={"operation": operation_id})
-        finally:
-            connection.close()  # this thread's own connection
+        Operation.objects.filter(pk=operation_id, claim_token=claim).update(
+            claim_expires_at=db_now() + timedelta(seconds=ttl)
+        )
 
-    beat = threading.Thread(target=renew, name=f"claim-{operation_id[:8]}", daemon=True)
-    beat.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        beat.join(timeout=5)
+    return renewed(renew, every=ttl / 3, name=f"claim-{operation_id[:8]}")

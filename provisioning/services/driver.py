@@ -89,6 +89,13 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
         note = f"deferred: cluster {op.cluster.name if op.cluster else '?'} is unreachable"
         _defer(op, claim, now, wait, note=f"{note}; {breaker.last_error if breaker else ''}")
         return
+    cold = op.cluster is not None and circuit.circuit_cold(
+        cluster=op.cluster, breaker=breaker, now=now
+    )
+    if cold and _another_step_running(op, now):
+        # A cluster that has not answered lately runs one step at a time until it does.
+        _defer(op, claim, now, random.uniform(0.5, 1.0))
+        return
     if not leases.proxy_lease_take(operation=op):
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
         return
@@ -178,6 +185,16 @@ def _breaker(op: Operation) -> CircuitBreaker | None:
         return op.cluster.circuit
     except ObjectDoesNotExist:
         return None
+
+
+def _another_step_running(op: Operation, now: datetime) -> bool:
+    """Whether another delivery runs a step of the operation's cluster right now."""
+    return (
+        Operation.objects.filter(cluster=op.cluster, claim_expires_at__gte=now)
+        .exclude(claim_token="")
+        .exclude(pk=op.pk)
+        .exists()
+    )
 
 
 def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "") -> None:

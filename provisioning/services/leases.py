@@ -9,6 +9,8 @@ has no expiry to outlive: a holder that stopped without finishing is a finished 
 was superseded, or it failed), whose lease is free once no delivery of it still runs.
 
 **Job leases** keep reconcile and GC single across every process that runs Beat or a command.
+They are short and renewed while the round runs, so a round whose worker died frees its job
+within one lease length.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from provisioning.models.choices import ACTIVE_STATES
 
 from .claims import claim_live
 from .clock import db_now
+from .heartbeat import renewed
 
 log = logging.getLogger("proxyhub.jobs")
 
@@ -88,13 +91,12 @@ def proxy_lease_release(*, operation: Operation) -> None:
 def job_lease(name: str, *, seconds: float) -> Iterator[str]:
     """Hold the lease ``name`` for the block, or raise ``LeaseHeld`` at once.
 
-    ``seconds`` must outlast the block (the round's deadline and the task's hard time limit:
-    ``services.rounds`` derives all three from one setting and a system check keeps them so),
-    or a second round could start beside a slow first one.
+    The lease lasts ``seconds`` and is renewed every third of that while the block runs
+    (``heartbeat.renewed``), so it is held exactly as long as the round runs: a round killed
+    with its worker (or by its task's hard time limit) frees it within ``seconds``.
     """
     holder = secrets.token_hex(8)
     now = db_now()
-    until = now + timedelta(seconds=seconds)
     try:
         with transaction.atomic():
             JobLease.objects.get_or_create(name=name)
@@ -103,12 +105,19 @@ def job_lease(name: str, *, seconds: float) -> Iterator[str]:
     taken = (
         JobLease.objects.filter(name=name)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__lt=now))
-        .update(holder=holder, expires_at=until)
+        .update(holder=holder, expires_at=now + timedelta(seconds=seconds))
     )
     if not taken:
         log.info("lease held", extra={"job": name})
         raise LeaseHeld(f"{name} is already running elsewhere")
+
+    def renew() -> None:
+        JobLease.objects.filter(name=name, holder=holder).update(
+            expires_at=db_now() + timedelta(seconds=seconds)
+        )
+
     try:
-        yield holder
+        with renewed(renew, every=seconds / 3, name=f"job-{name}"):
+            yield holder
     finally:
         JobLease.objects.filter(name=name, holder=holder).update(holder="", expires_at=None)

@@ -262,7 +262,7 @@ PROXYHUB_MAX_AGE_REPLACE_SECONDS = env.int("PROXYHUB_MAX_AGE_REPLACE_SECONDS", d
 PROXYHUB_MAX_AGE_DELETE_SECONDS = env.int("PROXYHUB_MAX_AGE_DELETE_SECONDS", default=3600)
 PROXYHUB_MAX_AGE_POWER_SECONDS = env.int("PROXYHUB_MAX_AGE_POWER_SECONDS", default=1800)
 # The per-cluster circuit breaker: opens after this many connection failures in a row (at once
-# after one that held a worker 5 s or more), defers the cluster's steps for the open interval
+# after one that held a worker 2 s or more), defers the cluster's steps for the open interval
 # (doubling after a failed probe, up to the maximum).
 PROXYHUB_CIRCUIT_FAILURES = env.int("PROXYHUB_CIRCUIT_FAILURES", default=5)
 PROXYHUB_CIRCUIT_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_OPEN_SECONDS", default=15.0)
@@ -270,9 +270,10 @@ PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS
 # When the breaker's time is up, one cheap request bounded by this many seconds probes the cluster.
 PROXYHUB_CIRCUIT_PROBE_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_SECONDS", default=3.0)
 # Reconcile and GC rounds stop starting new work after the deadline; their tasks' time limits
-# follow it, and the job lease must outlast them (system check proxyhub.E002).
+# follow it. Their job lease is short and renewed while the round runs, so a round killed with
+# its worker frees its job within one lease length (system check proxyhub.E002).
 PROXYHUB_ROUND_DEADLINE_SECONDS = env.int("PROXYHUB_ROUND_DEADLINE_SECONDS", default=240)
-PROXYHUB_JOB_LEASE_SECONDS = env.int("PROXYHUB_JOB_LEASE_SECONDS", default=360)
+PROXYHUB_JOB_LEASE_SECONDS = env.int("PROXYHUB_JOB_LEASE_SECONDS", default=30)
 # GC removes at most this many VMs and seed ISOs per round; the rest wait for the next round.
 PROXYHUB_GC_MAX_DELETES_PER_ROUND = env.int("PROXYHUB_GC_MAX_DELETES_PER_ROUND", default=50)
 # This installation's identity outside the database (services/installation.py): GC deletes only

@@ -10,14 +10,11 @@ take each other's messages.
 from __future__ import annotations
 
 import os
-import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import measured
-import psycopg
 import pytest
 from itstack import Beat, Services, Stack, Worker, running_stack
 
@@ -73,7 +70,6 @@ def worker(stack: Stack, _main_worker: Worker) -> Iterator[Worker]:
     """
     if not _main_worker.alive:
         _main_worker.start()
-    _free_job_leases_of_killed_workers(stack)
     yield _main_worker
     stack.sim.control("clear_faults")  # a failed test may have left latency behind
     if not _main_worker.alive:
@@ -82,40 +78,6 @@ def worker(stack: Stack, _main_worker: Worker) -> Iterator[Worker]:
     if left:
         stack.manage("proxies", "delete", *left, check=False)
         stack.manage("proxies", "wait", *left, "--phase", "Deleted", "--timeout", "60", check=False)
-
-
-def _free_job_leases_of_killed_workers(stack: Stack) -> None:
-    """Free a reconcile or GC lease that a worker killed in mid-round left held.
-
-    Known defect, reported to the lead (test_reconcile_after_a_killed_round.py): nothing frees
-    a job lease whose holder died, so it stays held for ``PROXYHUB_JOB_LEASE_SECONDS`` (six
-    minutes) and every reconcile round until then exits at once. A test that kills workers with
-    Beat running would leave the tests after it without reconcile. Between tests no Beat runs,
-    so a lease still held once a round has had time to end is a dead holder's.
-    """
-    if stack.beats:
-        return
-
-    def held() -> list[str]:
-        with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
-            rows = conn.execute(
-                "SELECT name FROM provisioning_joblease WHERE expires_at > now()"
-            ).fetchall()
-        return [str(name) for (name,) in rows]
-
-    deadline = time.monotonic() + 4  # a round of this tier ends within a second
-    while (names := held()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    if names:
-        with psycopg.connect(stack.env["DATABASE_URL"], autocommit=True) as conn:
-            conn.execute(
-                "UPDATE provisioning_joblease SET holder = '', expires_at = NULL"
-                " WHERE name = ANY(%s)",
-                (names,),
-            )
-        warnings.warn(
-            f"freed job leases a killed worker still held: {', '.join(names)}", stacklevel=1
-        )
 
 
 @pytest.fixture

@@ -1,13 +1,10 @@
 """Reconcile runs again soon after its worker is killed in the middle of a round.
 
-Known defect, reported to the lead, hence ``xfail(strict=True)``: a reconcile round holds the
-job lease ``reconcile`` for ``PROXYHUB_JOB_LEASE_SECONDS`` (360 s, sized to outlast the round's
-deadline), and nothing renews it while the round runs or frees it when the round's worker dies.
-A whole-worker SIGKILL in mid-round therefore stops reconcile for six minutes: every Beat run
-until then logs "lease held" and exits. Issue 10 asks for recovery from a killed worker in
-seconds; step claims became short and renewed, job leases (reconcile, GC) did not. This tier
-first met it as three tests failing after test_fleet_delete_under_repeated_worker_kills had
-killed a worker during one of Beat's rounds (conftest now frees such a lease between tests).
+A round's job lease is short and renewed while the round runs (``leases.job_lease``); a worker
+killed mid-round stops renewing it, so the lease lapses within ``PROXYHUB_JOB_LEASE_SECONDS``
+(30 s) and the next Beat run reconciles again. (Before, the lease was sized to outlast the
+round, 360 s, and nothing renewed or freed it: a kill stopped reconcile for six minutes. This
+tier first met that as three tests failing after a worker was killed during a Beat round.)
 
 Here one proxy runs, Beat reconciles every 5 s, and the simulator holds every
 ``/cluster/resources`` answer back 5 s, so a round is in its listing when the ledger shows that
@@ -30,12 +27,6 @@ BOUND_SECONDS = 45.0
 LISTING = "/cluster/resources"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="a worker killed mid-round keeps the reconcile job lease for "
-    "PROXYHUB_JOB_LEASE_SECONDS (360 s): no lease renewal or release for a dead holder",
-)
 def test_reconcile_runs_again_within_45_s_of_a_worker_killed_mid_round(
     stack: Stack, worker: Worker, beat: Beat
 ) -> None:

@@ -212,3 +212,36 @@ def test_one_costly_failure_opens_the_breaker_and_probes_are_one_short_request(
     assert calls == ["cluster_resources", "version"]
     breaker.refresh_from_db()
     assert breaker.state == CircuitState.OPEN and breaker.open_seconds == 1.0  # 0.5 s doubled
+
+
+def test_a_cluster_that_has_not_answered_lately_runs_one_step_at_a_time(
+    pump: Pump, sim: Sim
+) -> None:
+    """A host that has just gone silent must hold one worker for a request timeout, not every
+    worker: until the cluster answers, a second step of it waits while one runs."""
+    first = pump.call(operations.proxy_create, spec=_spec(sim.cluster, "one"))
+    second = pump.call(operations.proxy_create, spec=_spec(sim.cluster, "two"))
+    assert not CircuitBreaker.objects.filter(pk=sim.cluster.pk).exists()  # never answered yet
+    # The first step is running (its delivery holds the claim) when the second is delivered.
+    Operation.objects.filter(pk=first.pk).update(
+        claim_token="running", claim_expires_at=db_now() + timedelta(seconds=20)
+    )
+    (message,) = [m for m in pump.queue if m.operation_id == str(second.pk)]
+    pump.queue.remove(message)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    second.refresh_from_db()
+    assert second.started_at is not None and not second.steps.exists()  # deferred, not run
+    (again,) = [m for m in pump.queue if m.operation_id == str(second.pk)]
+    assert 0.4 < again.due - time.monotonic() <= 1.0
+    # Once the cluster answered (the first step's success warms it), steps run side by side.
+    Operation.objects.filter(pk=first.pk).update(claim_token="", claim_expires_at=None)
+    pump.run()
+    assert CircuitBreaker.objects.get(pk=sim.cluster.pk).last_success_at is not None
+    Operation.objects.filter(pk=first.pk).update(
+        claim_token="running", claim_expires_at=db_now() + timedelta(seconds=20)
+    )
+    third = pump.call(operations.proxy_create, spec=_spec(sim.cluster, "three"))
+    (message,) = [m for m in pump.queue if m.operation_id == str(third.pk)]
+    pump.queue.remove(message)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    assert third.steps.exists()  # warm: it ran beside the "running" one

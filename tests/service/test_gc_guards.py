@@ -20,6 +20,7 @@ from provisioning.models import GcRound, Installation, Operation, Proxy
 from provisioning.models.choices import OperationKind, OperationState
 from provisioning.proxmox.marks import render_mark
 from provisioning.services import operations
+from provisioning.services.clock import db_now
 from provisioning.services.gc import GcRefused, gc_run
 from provisioning.services.installation import installation_id
 from provisioning.services.operations import ProxySpec
@@ -154,20 +155,50 @@ def test_gc_never_collects_a_vm_named_for_a_live_proxy(pump: Pump, sim: Sim) -> 
 
 def test_round_timings_agree_with_their_job_lease(settings: Any) -> None:
     timing = round_timing()
-    assert timing.deadline < timing.soft_time_limit < timing.time_limit < timing.lease
+    assert timing.lease < timing.deadline < timing.soft_time_limit < timing.time_limit
     assert timing_problems() == []
-    bad = RoundTiming(deadline=240, soft_time_limit=270, time_limit=300, lease=200)
-    (problem,) = timing_problems(bad)
-    assert "PROXYHUB_JOB_LEASE_SECONDS (200) must exceed" in problem
+    too_short = RoundTiming(deadline=240, soft_time_limit=270, time_limit=300, lease=2)
+    (problem,) = timing_problems(too_short)
+    assert "PROXYHUB_JOB_LEASE_SECONDS (2) must be at least 3 s" in problem
+    too_long = RoundTiming(deadline=240, soft_time_limit=270, time_limit=300, lease=360)
+    (problem,) = timing_problems(too_long)
+    assert "must not exceed the round deadline" in problem
 
 
-def test_the_system_check_refuses_a_lease_shorter_than_the_round(settings: Any) -> None:
+def test_the_system_check_refuses_inconsistent_round_settings(settings: Any) -> None:
     from provisioning.checks import round_timing_check
 
     assert round_timing_check() == []
-    settings.PROXYHUB_JOB_LEASE_SECONDS = 100
+    settings.PROXYHUB_JOB_LEASE_SECONDS = 600
     (error,) = round_timing_check()
     assert error.id == "proxyhub.E002" and "PROXYHUB_JOB_LEASE_SECONDS" in error.msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_lease_is_renewed_while_its_round_runs_and_lapses_when_it_dies(
+    settings: Any,
+) -> None:
+    """A round's lease is short: renewed while the round runs, so a second round cannot start
+    beside a long first one; not renewed once its holder is gone, so it frees within its length
+    (a worker killed mid-round no longer stops reconcile for minutes)."""
+    import time
+
+    from provisioning.models import JobLease
+    from provisioning.services.leases import LeaseHeld, job_lease
+
+    with job_lease("reconcile", seconds=0.6):
+        time.sleep(1.5)  # two and a half lease lengths
+        with pytest.raises(LeaseHeld), job_lease("reconcile", seconds=0.6):
+            pass
+    # A holder that died without releasing: its row says held, nobody renews it.
+    JobLease.objects.filter(name="reconcile").update(
+        holder="dead", expires_at=db_now() + timedelta(seconds=0.6)
+    )
+    with pytest.raises(LeaseHeld), job_lease("reconcile", seconds=0.6):
+        pass
+    time.sleep(0.7)
+    with job_lease("reconcile", seconds=0.6) as holder:
+        assert holder != "dead"
 
 
 def test_a_round_stops_starting_work_at_its_deadline(pump: Pump, sim: Sim, settings: Any) -> None:
