@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest pytest-postgres integration e2e sim clean
+.PHONY: run test lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
 
 # PostgreSQL for the second run of the service tests (pytest-django creates test_<name>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -47,8 +47,21 @@ integration: $(STAMP)
 e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e -m e2e $(PYTEST_ARGS)
 
-# The whole suite: style, types, then every test tier.
-test: lint typecheck pytest pytest-postgres integration e2e
+# The whole suite: style and types first, then the test tiers in two lanes side by side. One
+# lane is busy computing (the fast tier on SQLite, then the service tests on PostgreSQL); the
+# other mostly waits (real workers and a browser spend their time on polls, countdowns and
+# Beat intervals), so together they take the longer lane's time instead of the sum. -O prints
+# each lane's output whole when it ends.
+test: lint typecheck
+	$(MAKE) --no-print-directory -j2 -O lane-compute lane-wait
+
+lane-compute: $(STAMP)
+	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory pytest-postgres
+
+lane-wait: $(STAMP)
+	$(MAKE) --no-print-directory integration
+	$(MAKE) --no-print-directory e2e
 
 # proxyhub on this machine: migrate SQLite, start the simulator and import its catalogue,
 # create the admin user and print its login, then web, a worker and Beat until Ctrl-C
