@@ -40,6 +40,10 @@ class DeleteRequest:
     vm_name: str
     uid: str = ""
     vmid: int | None = None
+    # Nodes an earlier VM of this proxy was created on (a VM destroyed outside proxyhub and
+    # created again elsewhere, a create superseded and tried again): each may still hold the
+    # proxy's seed ISO, which step 7 removes along with the one on the VM's node.
+    earlier_nodes: tuple[str, ...] = ()
 
     @classmethod
     def from_provider_id(cls, provider_id: str, uid: str = "") -> DeleteRequest:
@@ -139,7 +143,9 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             config = self.api.vm_config(node, vmid, deadline=deadline)
         except ApiError as err:
             if is_missing(err):
-                return self._seeds_on(progress, progress["stage"], [node], f"VM {vmid} is gone")
+                return self._seeds_on(
+                    progress, progress["stage"], _seed_nodes(req, node), f"VM {vmid} is gone"
+                )
             raise
         verdict = self._ours(req, vmid, node, config)
         if verdict is not None:
@@ -223,7 +229,9 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             )
         except ApiError as err:
             if is_missing(err):
-                return self._seeds_on(progress, "destroy", [node], f"VM {vmid} is gone")
+                return self._seeds_on(
+                    progress, "destroy", _seed_nodes(req, node), f"VM {vmid} is gone"
+                )
             raise
 
     def _destroy_wait(
@@ -233,12 +241,16 @@ class DeleteMachine(StepMachine[DeleteRequest]):
 
         def failed(err: TaskFailed) -> StepResult:
             if "does not exist" in err.exitstatus:
-                return self._seeds_on(progress, "destroy_wait", [node], "VM already gone")
+                return self._seeds_on(
+                    progress, "destroy_wait", _seed_nodes(req, node), "VM already gone"
+                )
             return fail(advance(progress, "destroy"), "destroy_wait", err, op=OP)
 
         result = self.poll(progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed)
         if result.status == "continue" and result.progress["stage"] == "seed":
-            result.progress.update(destroyed=True, seed_nodes=[node], seed_everywhere=False)
+            result.progress.update(
+                destroyed=True, seed_nodes=_seed_nodes(req, node), seed_everywhere=False
+            )
         return result
 
     # --- the seed ISO (entry 11 step 7) -----------------------------------------------
@@ -352,6 +364,12 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             submitted=True,
             message=message,
         )
+
+
+def _seed_nodes(req: DeleteRequest, node: str) -> list[str]:
+    """Where step 7 deletes the seed once a VM of ours is gone: the VM's node (the seed's
+    rule), then any node an earlier VM of the proxy was created on."""
+    return [node] + [n for n in dict.fromkeys(req.earlier_nodes) if n and n != node]
 
 
 def _find(listing: list[dict[str, Any]], req: DeleteRequest) -> dict[str, Any] | None:

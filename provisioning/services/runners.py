@@ -175,7 +175,10 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
     target = progress.get("target")
     if target:
         return DeleteRequest(
-            vm_name=target["vm_name"], uid=target.get("uid", ""), vmid=target.get("vmid")
+            vm_name=target["vm_name"],
+            uid=target.get("uid", ""),
+            vmid=target.get("vmid"),
+            earlier_nodes=tuple(target.get("earlier_nodes") or ()),
         )
     proxy = _proxy(op)
     return DeleteRequest(vm_name=proxy.vm_name, uid=str(proxy.uid), vmid=proxy.vmid)
@@ -278,7 +281,25 @@ def _proxy(op: Operation) -> Proxy:
 
 def _target_of(op: Operation) -> dict[str, Any]:
     proxy = _proxy(op)
-    return {"vm_name": proxy.vm_name, "uid": str(proxy.uid), "vmid": proxy.vmid}
+    return {
+        "vm_name": proxy.vm_name,
+        "uid": str(proxy.uid),
+        "vmid": proxy.vmid,
+        "earlier_nodes": _nodes_created_on(proxy),
+    }
+
+
+def _nodes_created_on(proxy: Proxy) -> list[str]:
+    """Every node the journal shows a VM of this proxy created on: each got a seed ISO, and
+    one whose VM was destroyed outside proxyhub (then created again elsewhere) still has it."""
+    nodes: dict[str, None] = {}
+    for progress in Operation.objects.filter(
+        proxy=proxy, kind__in=(OperationKind.CREATE, OperationKind.REPLACE)
+    ).values_list("progress", flat=True):
+        node = ((progress or {}).get("create") or {}).get("node")
+        if node:
+            nodes[str(node)] = None
+    return list(nodes)
 
 
 def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pump import Pump, Sim, running_fleet
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import DesiredPower, OperationKind, OperationState, Phase
 from provisioning.proxmox.api import Call
+from provisioning.proxmox.seed import seed_volid
 from provisioning.services import operations
 from provisioning.services.claims import claim_take
 from provisioning.services.clock import db_now
@@ -279,3 +280,32 @@ def test_a_delete_waits_for_the_lease_while_the_superseded_step_still_runs(sim: 
     # The create's delivery ends (its persist releases the claim): the delete may go.
     Operation.objects.filter(pk=create.pk).update(claim_token="", claim_expires_at=None)
     assert proxy_lease_take(operation=seen["delete"])
+
+
+# --- found by the state machine (test_state_machine.py) -----------------------------------------
+
+
+def test_a_delete_removes_the_seed_an_earlier_vm_left_on_another_node(pump: Pump, sim: Sim) -> None:
+    """The proxy's VM was destroyed outside proxyhub and reconcile created it again on another
+    node. Seed 000 entry 11 deletes the seed on the VM's node only, so the first node's seed
+    outlived the converged delete (the state machine's "nothing left after a delete"). The
+    delete now also clears every node the journal shows a VM of the proxy created on."""
+    (proxy,) = _fleet(pump, sim, 1)
+    assert proxy.node == "pve1"
+    sim.api.stop(proxy.node, proxy.vmid)
+    sim.settle()
+    sim.api.destroy(proxy.node, proxy.vmid)
+    sim.settle()
+    # Placement now chooses pve2 (as a zone-less proxy's placement may, after a node filled).
+    Proxy.objects.filter(pk=proxy.pk).update(zone="pve2")
+    pump.call(reconcile_round)
+    pump.run()
+    proxy.refresh_from_db()
+    assert (proxy.phase, proxy.node) == (Phase.RUNNING, "pve2")
+
+    pump.call(operations.proxy_request_delete, proxy=proxy)
+    pump.run()
+    assert not Proxy.objects.filter(pk=proxy.pk).exists()
+    volid = seed_volid("proxy-seeds", proxy.vm_name)
+    left = [n for n in ("pve1", "pve2", "pve3") if sim.engine.control.volume_data(n, volid)]
+    assert left == []
