@@ -531,6 +531,21 @@ class Stack:
             )
         return done
 
+    def create_proxies(self, *args: str, cluster: str = "pvesim") -> None:
+        """``proxies create ARGS`` (names, or ``--count N --prefix P``) of the simulator's one
+        machine type and image on ``cluster``: how every integration test asks for a fleet."""
+        self.manage(
+            "proxies",
+            "create",
+            *args,
+            "--cluster",
+            cluster,
+            "--machine-type",
+            "small",
+            "--image",
+            "debian-13",
+        )
+
     def manage_json(self, *args: str, env: Mapping[str, str] | None = None) -> Any:
         """A ``--json`` command's output (commands log to stderr, so stdout is the document)."""
         return json.loads(self.manage(*args, env=env).stdout)

@@ -63,17 +63,7 @@ SLACK = 4.0
 
 
 def _create(stack: Stack, names: list[str]) -> None:
-    stack.manage(
-        "proxies",
-        "create",
-        *names,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(*names)
 
 
 def _clones_applied(stack: Stack, after: int, prefix: str) -> int:

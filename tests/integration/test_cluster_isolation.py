@@ -123,20 +123,7 @@ def _new_requests(connections: list[Connection], opened: float, ended: float) ->
 
 
 def _create(stack: Stack, cluster: str, prefix: str, count: int) -> list[str]:
-    stack.manage(
-        "proxies",
-        "create",
-        "--count",
-        str(count),
-        "--prefix",
-        prefix,
-        "--cluster",
-        cluster,
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies("--count", str(count), "--prefix", prefix, cluster=cluster)
     width = len(str(count))
     return [f"{prefix}-{i:0{width}d}" for i in range(1, count + 1)]
 

@@ -67,17 +67,7 @@ def test_duplicated_steps_on_two_workers_never_repeat_or_interleave_mutations(
     names = [f"dup-{i:02d}" for i in range(1, 13)]
     keep, drop = names[:6], names[6:]
     before = stack.sim.last_seq()
-    stack.manage(
-        "proxies",
-        "create",
-        *names,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(*names)
     flood = stack.probe_async("duplicate", "dup-", "--copies", "3", "--seconds", "90")
 
     def some_clones() -> bool:

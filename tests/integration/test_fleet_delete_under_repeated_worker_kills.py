@@ -102,17 +102,7 @@ def test_fleet_delete_converges_within_a_minute_of_the_last_of_repeated_worker_k
     worker = defaults_worker
     recovery_settings = stack.settings(*RECOVERY_SETTINGS, unset=RECOVERY_SETTINGS)
     names = [f"{PREFIX}{i:02d}" for i in range(1, COUNT + 1)]
-    stack.manage(
-        "proxies",
-        "create",
-        *names,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(*names)
     stack.wait_phase(names, "Running", timeout=120)
     vmids = sorted(int(row["vmid"]) for row in stack.proxies(PREFIX))
 

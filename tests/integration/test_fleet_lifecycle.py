@@ -20,20 +20,7 @@ DEFAULT_VMS = {9000, 9001, 9002, 100, 101, 102}
 
 
 def _create(stack: Stack, prefix: str, count: int) -> list[str]:
-    stack.manage(
-        "proxies",
-        "create",
-        "--count",
-        str(count),
-        "--prefix",
-        prefix,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies("--count", str(count), "--prefix", prefix)
     width = len(str(count))
     return [f"{prefix}-{i:0{width}d}" for i in range(1, count + 1)]
 

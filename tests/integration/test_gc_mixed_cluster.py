@@ -64,17 +64,7 @@ def _upload_seed(stack: Stack, vm_name: str) -> str:
 
 def test_gc_lists_and_removes_exactly_our_old_orphans(stack: Stack, worker: Worker) -> None:
     live = ["gc-live-1", "gc-live-2"]
-    stack.manage(
-        "proxies",
-        "create",
-        *live,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(*live)
     stack.wait_phase(live, "Running", timeout=90)
     live_rows = stack.proxies("gc-live-")
     first = live_rows[0]

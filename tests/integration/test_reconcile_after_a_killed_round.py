@@ -30,17 +30,7 @@ LISTING = "/cluster/resources"
 def test_reconcile_runs_again_within_45_s_of_a_worker_killed_mid_round(
     stack: Stack, worker: Worker, beat: Beat
 ) -> None:
-    stack.manage(
-        "proxies",
-        "create",
-        NAME,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(NAME)
     stack.wait_phase([NAME], "Running", timeout=90)
     row = stack.proxies(NAME)[0]
 

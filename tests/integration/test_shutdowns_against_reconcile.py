@@ -82,17 +82,7 @@ def test_twenty_shutdowns_raced_against_back_to_back_slow_reconcile_rounds_are_a
     stack: Stack, worker: Worker, second_worker: Worker, measure: Measure
 ) -> None:
     names = [f"{PREFIX}{i:02d}" for i in range(1, COUNT + 1)]
-    stack.manage(
-        "proxies",
-        "create",
-        *names,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(*names)
     stack.wait_phase(names, "Running", timeout=120)
     vmids = {int(row["vmid"]) for row in stack.proxies(PREFIX)}
 

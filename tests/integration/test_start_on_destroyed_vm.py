@@ -43,18 +43,7 @@ def _mark_uids(stack: Stack) -> Counter[str]:
 def test_a_start_on_a_vm_destroyed_out_of_band_fails_at_once_and_reconcile_recreates_it(
     stack: Stack, worker: Worker
 ) -> None:
-    stack.manage(
-        "proxies",
-        "create",
-        NAME,
-        OTHER,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-    )
+    stack.create_proxies(NAME, OTHER)
     stack.wait_phase([NAME, OTHER], "Running", timeout=90)
     stack.manage("proxies", "shutdown", NAME)
     stack.wait_phase([NAME], "Stopped", timeout=60)

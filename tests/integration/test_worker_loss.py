@@ -33,18 +33,7 @@ DESTROY_PATH = DESTROY.split(" ", 1)[1]
 
 
 def _create(stack: Stack, names: list[str], *zone: str) -> None:
-    stack.manage(
-        "proxies",
-        "create",
-        *names,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-        *zone,
-    )
+    stack.create_proxies(*names, *zone)
 
 
 def _applied(stack: Stack, after: int, key: str, prefix: str) -> int:
