@@ -164,7 +164,17 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         checked = self._recheck(req, progress, deadline)
         if isinstance(checked, StepResult):
             return checked
-        status = self.api.vm_status(str(progress["node"]), int(progress["vmid"]), deadline=deadline)
+        vmid, node = int(progress["vmid"]), str(progress["node"])
+        try:
+            status = self.api.vm_status(node, vmid, deadline=deadline)
+        except ApiError as err:
+            if is_missing(err):
+                # Gone between the config read and this one (a destroy whose reply was lost
+                # ending just now): gone, not a fault to retry.
+                return self._seeds_on(
+                    progress, progress["stage"], _seed_nodes(req, node), f"VM {vmid} is gone"
+                )
+            raise
         return str(status.get("status", ""))
 
     def _stop(

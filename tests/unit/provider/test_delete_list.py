@@ -116,6 +116,38 @@ def test_delete_late_never_destroys_a_reused_vmid(world: World) -> None:
     assert any("reused" in r.message for r in world.results)
 
 
+def test_delete_of_a_vm_gone_between_its_config_and_status_reads_goes_on(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A destroy whose reply was lost ends between the recheck's config read and its status
+    read: the status read's "does not exist" means the VM is gone, so the delete goes on to the
+    seed instead of failing the step as a fault (found by the service tier under load)."""
+    provider_id, uid, vmid = _created(world, "racing")
+    req = DeleteRequest.from_provider_id(provider_id, uid)
+    first = world.step(
+        lambda p: world.provider.delete_step(req, p), world.provider.new_delete_progress()
+    )
+    assert first.progress["stage"] == "stop"
+    status = world.provider.api.vm_status
+
+    def destroyed_meanwhile(node: str, vmid_: int, **kwargs: object) -> dict[str, object]:
+        monkeypatch.setattr(world.provider.api, "vm_status", status)
+        world.api.stop(node, vmid_)
+        world.engine.control.advance(5)
+        world.api.destroy(node, vmid_)
+        world.engine.control.advance(5)
+        return status(node, vmid_, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(world.provider.api, "vm_status", destroyed_meanwhile)
+    gone = world.step(lambda p: world.provider.delete_step(req, p), first.progress)
+    assert gone.status == "continue" and gone.progress["stage"] == "seed", gone.error
+    assert f"VM {vmid} is gone" in gone.message
+    done = world.drive(lambda p: world.provider.delete_step(req, p), gone.progress)
+    assert done.status == "done"
+    seeds = world.api.storage_content("pve1", "proxy-seeds", content="iso")
+    assert not [s for s in seeds if "proxy-racing-seed.iso" in s["volid"]]
+
+
 def test_delete_foreign_vm_with_our_name_is_left_alone(world: World) -> None:
     world.api.clone("pve1", GOOD_TEMPLATE, newid=150010, name="proxy-foreign")
     world.settle()
