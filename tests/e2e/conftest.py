@@ -146,15 +146,31 @@ def broker_dir(tmp_path: Path) -> Iterator[Path]:
         "control_folder": str(folders["control"]),
         "store_processed": False,
     }
-    saved = (app.conf.broker_url, app.conf.broker_transport_options)
     _reset_producers(app)
-    app.conf.broker_url = "filesystem://localhost/"
-    app.conf.broker_transport_options = options
+    _point(app, "filesystem://localhost/", options)
     try:
         yield var
     finally:
         _reset_producers(app)
-        app.conf.broker_url, app.conf.broker_transport_options = saved
+        for key in _BROKER_KEYS:
+            app.conf.pop(key, None)  # drops the override: the settings' value shows again
+
+
+# The app reads its broker from Django's settings under the CELERY_ namespace: which spelling a
+# connection consults differs between Celery releases (5.6 reads the namespaced key), so the
+# fixture sets both.
+_BROKER_KEYS = (
+    "broker_url",
+    "broker_transport_options",
+    "CELERY_BROKER_URL",
+    "CELERY_BROKER_TRANSPORT_OPTIONS",
+)
+
+
+def _point(app: Any, url: str, options: dict[str, Any]) -> None:
+    app.conf["broker_url"] = app.conf["CELERY_BROKER_URL"] = url
+    app.conf["broker_transport_options"] = options
+    app.conf["CELERY_BROKER_TRANSPORT_OPTIONS"] = options
 
 
 def _reset_producers(app: Any) -> None:
