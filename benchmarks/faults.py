@@ -274,21 +274,7 @@ def lifecycle(
     if storm:
         storm_on(stack.sim)
     seq0, t0 = stack.sim.last_seq(), time.time()
-    stack.manage(
-        "proxies",
-        "create",
-        "--count",
-        str(n),
-        "--prefix",
-        prefix,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-        timeout=600,
-    )
+    stack.create_proxies("--count", str(n), "--prefix", prefix, timeout=600)
     create_error = _wait(stack, names, "Running", timeout)
     seq1, t1 = stack.sim.last_seq(), time.time()
     if storm:

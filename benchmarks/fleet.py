@@ -105,21 +105,7 @@ def run_one(
     template_node = next(str(v["node"]) for v in stack.sim.vms() if int(v["vmid"]) == int(template))
     before = stack.sim.last_seq()
     started = time.time()
-    stack.manage(
-        "proxies",
-        "create",
-        "--count",
-        str(n),
-        "--prefix",
-        PREFIX,
-        "--cluster",
-        "pvesim",
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-        timeout=600,
-    )
+    stack.create_proxies("--count", str(n), "--prefix", PREFIX, timeout=600)
     requested = time.time()
     stack.wait_phase(
         [f"{PREFIX}-{i:0{len(str(n))}d}" for i in range(1, n + 1)], "Running", timeout=timeout

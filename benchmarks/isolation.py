@@ -82,21 +82,7 @@ def bad_catalogue(source: Path, url: str, out: Path) -> Path:
 
 
 def _create(stack: Stack, prefix: str, n: int, cluster: str) -> None:
-    stack.manage(
-        "proxies",
-        "create",
-        "--count",
-        str(n),
-        "--prefix",
-        prefix,
-        "--cluster",
-        cluster,
-        "--machine-type",
-        "small",
-        "--image",
-        "debian-13",
-        timeout=600,
-    )
+    stack.create_proxies("--count", str(n), "--prefix", prefix, cluster=cluster, timeout=600)
 
 
 def good_round(stack: Stack, prefix: str, n: int, *, timeout: float, t_zero: float) -> dict:

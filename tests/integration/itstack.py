@@ -531,7 +531,7 @@ class Stack:
             )
         return done
 
-    def create_proxies(self, *args: str, cluster: str = "pvesim") -> None:
+    def create_proxies(self, *args: str, cluster: str = "pvesim", timeout: float = 120) -> None:
         """``proxies create ARGS`` (names, or ``--count N --prefix P``) of the simulator's one
         machine type and image on ``cluster``: how every integration test asks for a fleet."""
         self.manage(
@@ -544,6 +544,7 @@ class Stack:
             "small",
             "--image",
             "debian-13",
+            timeout=timeout,
         )
 
     def manage_json(self, *args: str, env: Mapping[str, str] | None = None) -> Any:
