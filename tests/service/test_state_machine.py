@@ -676,12 +676,16 @@ def _rolled_back() -> Iterator[None]:
 @pytest.fixture
 def quick_loop(settings: Any) -> None:
     """The shipped policy on a quick clock: short backoffs, a breaker that opens after three
-    refused connections and probes half a second later, a fixed installation identity."""
+    refused connections, probes 0.3 s later and waits at most 2 s between probes (shipped: 15 s
+    and 120 s; a long outage doubles the wait to its cap, and a cluster back from it resumes at
+    the next probe, which must come well inside the convergence bound), a fixed installation
+    identity."""
     settings.PROXYHUB_ADDRESS_POLL_SECONDS = 0.02
     settings.PROXYHUB_STEP_BASE_BACKOFF_SECONDS = 0.01
     settings.PROXYHUB_STEP_MAX_BACKOFF_SECONDS = 0.05
     settings.PROXYHUB_CIRCUIT_FAILURES = 3
     settings.PROXYHUB_CIRCUIT_OPEN_SECONDS = 0.3
+    settings.PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS = 2.0
     settings.PROXYHUB_INSTALLATION_ID = INSTALLATION
 
 
