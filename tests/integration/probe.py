@@ -176,6 +176,7 @@ def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict
 
     sent = rounds = idle = 0
     seen: set[tuple[str, str]] = set()
+    began = False
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         rows = list(
@@ -183,8 +184,9 @@ def duplicate(prefix: str, copies: int, seconds: float, interval: float) -> dict
                 proxy_name__startswith=prefix, state__in=ACTIVE_STATES
             ).values_list("pk", "dispatch_token")
         )
+        began = began or bool(rows)
         idle = 0 if rows else idle + 1
-        if idle >= 10:  # two seconds with nothing in flight: the work is over
+        if began and idle >= 10:  # two seconds with nothing in flight: the work is over
             break
         for pk, token in rows:
             if not token or (str(pk), token) in seen:

@@ -67,7 +67,8 @@ def test_duplicated_steps_on_two_workers_never_repeat_or_interleave_mutations(
     names = [f"dup-{i:02d}" for i in range(1, 13)]
     keep, drop = names[:6], names[6:]
     before = stack.sim.last_seq()
-    stack.create_proxies(*names)
+    # The flood starts first and waits for the work: started after the creates, on a loaded
+    # machine it could come up once they were over and find nothing to duplicate.
     flood = stack.probe_async("duplicate", "dup-", "--copies", "3", "--seconds", "90")
 
     def some_clones() -> bool:
@@ -77,6 +78,7 @@ def test_duplicated_steps_on_two_workers_never_repeat_or_interleave_mutations(
         )
 
     try:
+        stack.create_proxies(*names)
         wait_until(some_clones, timeout=60, interval=0.05, what="clones of the proxies to delete")
         _delete(stack, drop)
         stack.wait_phase(keep, "Running", timeout=120)
