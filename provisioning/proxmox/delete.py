@@ -143,9 +143,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             config = self.api.vm_config(node, vmid, deadline=deadline)
         except ApiError as err:
             if is_missing(err):
-                return self._seeds_on(
-                    progress, progress["stage"], _seed_nodes(req, node), f"VM {vmid} is gone"
-                )
+                return self._seeds_on(req, progress, progress["stage"], node, f"VM {vmid} is gone")
             raise
         verdict = self._ours(req, vmid, node, config)
         if verdict is not None:
@@ -171,9 +169,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             if is_missing(err):
                 # Gone between the config read and this one (a destroy whose reply was lost
                 # ending just now): gone, not a fault to retry.
-                return self._seeds_on(
-                    progress, progress["stage"], _seed_nodes(req, node), f"VM {vmid} is gone"
-                )
+                return self._seeds_on(req, progress, progress["stage"], node, f"VM {vmid} is gone")
             raise
         return str(status.get("status", ""))
 
@@ -239,9 +235,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             )
         except ApiError as err:
             if is_missing(err):
-                return self._seeds_on(
-                    progress, "destroy", _seed_nodes(req, node), f"VM {vmid} is gone"
-                )
+                return self._seeds_on(req, progress, "destroy", node, f"VM {vmid} is gone")
             raise
 
     def _destroy_wait(
@@ -251,9 +245,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
 
         def failed(err: TaskFailed) -> StepResult:
             if "does not exist" in err.exitstatus:
-                return self._seeds_on(
-                    progress, "destroy_wait", _seed_nodes(req, node), "VM already gone"
-                )
+                return self._seeds_on(req, progress, "destroy_wait", node, "VM already gone")
             return fail(advance(progress, "destroy"), "destroy_wait", err, op=OP)
 
         result = self.poll(progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed)
@@ -337,11 +329,12 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         )
 
     def _seeds_on(
-        self, progress: Progress, step: str, nodes: list[str], message: str
+        self, req: DeleteRequest, progress: Progress, step: str, node: str, message: str
     ) -> StepResult:
+        """On to step 7 once a VM of ours on ``node`` is gone (``_seed_nodes`` says where)."""
         return StepResult(
             "continue",
-            advance(progress, "seed", seed_nodes=nodes, seed_everywhere=False),
+            advance(progress, "seed", seed_nodes=_seed_nodes(req, node), seed_everywhere=False),
             step,
             message=message,
         )

@@ -292,17 +292,13 @@ class ControlLoop(RuleBasedStateMachine):
     @rule(data=st.data())
     @told
     def delete(self, data: st.DataObject) -> None:
-        name = self._pick(data, self._present())
-        self._as_operator(operations.proxy_request_delete, name)
-        self.intent[name].state = DesiredState.DELETED
+        self._delete_now(self._pick(data, self._present()))
 
     @precondition(lambda self: self._present())
     @rule(data=st.data(), action=st.sampled_from(("start", "shutdown", "reboot")))
     @told
     def power(self, data: st.DataObject, action: str) -> None:
-        name = self._pick(data, self._present())
-        if self._as_operator(operations.proxy_power, name, action=action) and action != "reboot":
-            self.intent[name].power = DesiredPower.ON if action == "start" else DesiredPower.OFF
+        self._power_now(self._pick(data, self._present()), action)
 
     @precondition(lambda self: self._present())
     @rule(data=st.data())
@@ -317,6 +313,16 @@ class ControlLoop(RuleBasedStateMachine):
     def provision_or_retry(self, data: st.DataObject) -> None:
         name = self._pick(data, sorted(self.intent))
         self._as_operator(operations.proxy_retry, name)
+
+    def _delete_now(self, name: str) -> None:
+        if self._as_operator(operations.proxy_request_delete, name):
+            self.intent[name].state = DesiredState.DELETED
+
+    def _power_now(self, name: str, action: str) -> None:
+        """Start, shut down or reboot as the operator; a start or a shutdown that was taken is
+        what the operator now asks for."""
+        if self._as_operator(operations.proxy_power, name, action=action) and action != "reboot":
+            self.intent[name].power = DesiredPower.ON if action == "start" else DesiredPower.OFF
 
     def _pick(self, data: st.DataObject, names: list[str]) -> str:
         name = data.draw(st.sampled_from(names), label="proxy")
@@ -367,20 +373,16 @@ class ControlLoop(RuleBasedStateMachine):
 
         def operator() -> None:
             if action == "delete":
-                self.delete_now(name)
+                self._delete_now(name)
             elif action == "replace":
                 self._as_operator(operations.proxy_replace, name)
-            elif self._as_operator(operations.proxy_power, name, action=action):
-                self.intent[name].power = DesiredPower.ON if action == "start" else DesiredPower.OFF
+            else:
+                self._power_now(name, action)
             self._deliver(50, horizon=DELIVERY_HORIZON_SECONDS)
 
         self.wire.while_listing = operator
         self.pump.call(reconcile_round)
         self.wire.while_listing = None
-
-    def delete_now(self, name: str) -> None:
-        if self._as_operator(operations.proxy_request_delete, name):
-            self.intent[name].state = DesiredState.DELETED
 
     @rule()
     @told
