@@ -418,7 +418,22 @@ class CreateMachine(StepMachine[CreateRequest]):
         progress: Progress,
         deadline: Deadline | None,
     ) -> StepResult | None:
-        """After a lost upload reply: the step that settles it, or None to upload again."""
+        """After a lost upload reply: the step that settles it, or None to upload again.
+
+        The running copies are read before the storage, not after: a copy that ends between the
+        two reads would otherwise be missed by both (no seed yet, no copy running any more) and
+        the seed sent twice. Read in this order, no copy running means any applied upload had
+        already written its seed, which the storage read then shows."""
+        # The copy of an upload (pve-reference §7.7) may still be running: wait, then look again.
+        if self.api.node_tasks(node, typefilter="imgcopy", source="active", deadline=deadline):
+            return StepResult(
+                "wait",
+                progress,
+                "upload",
+                delay=self.budgets.poll_interval,
+                message="a seed upload is still being copied on the node; reading back again "
+                "before deciding",
+            )
         cloned_at = progress.get("cloned_at")
         volid = f"{self.config.iso_storage}:iso/{name}"
         for item in self.api.storage_content(
@@ -436,16 +451,6 @@ class CreateMachine(StepMachine[CreateRequest]):
                     "upload",
                     message=f"{name} was uploaded by the submission whose reply was lost",
                 )
-        # The copy of an upload (pve-reference §7.7) may still be running: wait, then look again.
-        if self.api.node_tasks(node, typefilter="imgcopy", source="active", deadline=deadline):
-            return StepResult(
-                "wait",
-                progress,
-                "upload",
-                delay=self.budgets.poll_interval,
-                message="a seed upload is still being copied on the node; reading back again "
-                "before deciding",
-            )
         return None
 
     def _upload_wait(

@@ -211,6 +211,22 @@ def test_a_lost_reply_is_settled_by_read_back_without_a_second_submission(
     assert "unknown" not in steps  # settled in the same delivery
 
 
+def test_a_lost_upload_reply_whose_copy_ends_between_the_two_read_backs_is_not_sent_again(
+    pump: Pump, sim: Sim
+) -> None:
+    """The read-back after a lost upload reply looks at the storage and at the node's running
+    copies. Seen in CI: the copy was still running when the storage was read (no seed yet) and
+    had finished when the tasks were read (no copy running), so the seed was uploaded twice.
+    Here the copy is made to finish exactly between the two reads."""
+    sim.engine.control.drop_reply("POST", UPLOAD)
+    sim.after("GET /nodes/{node}/storage/{storage}/content", lambda call: sim.settle(0.3))
+    op = pump.call(operations.proxy_create, spec=_spec(sim))
+    pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    assert _count(sim, "POST", UPLOAD, status=200) == 1
+
+
 def test_a_power_task_that_failed_ends_failed_and_reconcile_does_not_repeat_it(
     pump: Pump, sim: Sim
 ) -> None:
