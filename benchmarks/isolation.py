@@ -126,7 +126,13 @@ def good_round(stack: Stack, prefix: str, n: int, *, timeout: float, t_zero: flo
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--proxies", type=int, default=20, help="good fleet size per round")
-    parser.add_argument("--bad-proxies", type=int, default=10, help="creates on the bad cluster")
+    parser.add_argument(
+        "--bad-proxies",
+        type=int,
+        default=10,
+        help="creates on the bad cluster; 0 makes a control run without an outage, which shows "
+        "how far the rounds drift over the window by themselves",
+    )
     parser.add_argument("--baseline-rounds", type=int, default=2)
     parser.add_argument("--window", type=float, default=300.0, help="outage window, seconds")
     parser.add_argument("--concurrency", type=int, default=1, help="worker processes (prefork)")
@@ -192,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                     _progress("baseline", baseline[-1])
                 t_out = time.time()
-                _create(stack, BAD_PREFIX, args.bad_proxies, BAD)
+                if args.bad_proxies:  # 0: a control run, the same rounds with no outage
+                    _create(stack, BAD_PREFIX, args.bad_proxies, BAD)
                 k = 0
                 while time.time() < t_out + args.window:
                     k += 1

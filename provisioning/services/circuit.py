@@ -102,6 +102,17 @@ def _probe_wait() -> timedelta:
     return timedelta(seconds=seconds + random.uniform(0.2, 1.0))
 
 
+def circuit_probe_cold(*, cluster: Cluster) -> Admission:
+    """Before the first step of a cold cluster (``circuit_cold``): the probe that lets it run.
+
+    A cold cluster may have gone silent since it last answered, and a step's first request to
+    a silent host waits out the whole request timeout (30 s by default) on a worker. The probe
+    waits ``PROXYHUB_CIRCUIT_PROBE_SECONDS`` at most; when it gets no answer in that time the
+    breaker opens at once, so first contact with a dead cluster costs a worker a few seconds.
+    A refusal counts as one failure in a row, as a step's would."""
+    return _probe(cluster)
+
+
 def _probe(cluster: Cluster) -> Admission:
     """One cheap, short request: does the cluster answer at all?"""
     seconds = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
@@ -111,11 +122,15 @@ def _probe(cluster: Cluster) -> Admission:
     except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
         error = classify("probe", err)
         log.info("circuit probe failed", extra={"cluster": cluster.name, "error": str(error)})
+        held = time.monotonic() - started
         circuit_record_failure(
             cluster_id=cluster.pk,
             error=str(error),
             now=db_now(),
-            seconds=time.monotonic() - started,
+            seconds=held,
+            # No answer within the probe's whole bound: the host is silent, and every step
+            # sent to it would cost a request timeout, however short the bound was set.
+            costly=held >= seconds * 0.9,
         )
         reopened = CircuitBreaker.objects.filter(pk=cluster.pk).values_list("retry_at", flat=True)
         return Admission(False, until=reopened.first() or db_now())
@@ -126,10 +141,11 @@ def _probe(cluster: Cluster) -> Admission:
 
 
 def circuit_record_failure(
-    *, cluster_id: int, error: str, now: datetime, seconds: float = 0.0
+    *, cluster_id: int, error: str, now: datetime, seconds: float = 0.0, costly: bool = False
 ) -> None:
     """One more connection failure in a row (one that held the worker ``seconds``); opens the
-    breaker at the threshold, or at once when the failure was costly."""
+    breaker at the threshold, or at once when the failure was costly (held the worker
+    ``COSTLY_FAILURE_SECONDS`` or more, or ran out a probe's whole bound)."""
     threshold = int(_setting("PROXYHUB_CIRCUIT_FAILURES", FAILURES))
     first = _setting("PROXYHUB_CIRCUIT_OPEN_SECONDS", OPEN_SECONDS)
     cap = _setting("PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS", MAX_OPEN_SECONDS)
@@ -138,7 +154,7 @@ def circuit_record_failure(
         breaker.failures += 1
         breaker.last_error = error[:1000]
         reopen = breaker.state == CircuitState.HALF_OPEN
-        costly = seconds >= COSTLY_FAILURE_SECONDS
+        costly = costly or seconds >= COSTLY_FAILURE_SECONDS
         if reopen or (
             breaker.state == CircuitState.CLOSED and (breaker.failures >= threshold or costly)
         ):

@@ -18,7 +18,8 @@ from provisioning.models import CircuitBreaker, CircuitState, Cluster, Operation
 from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.api import Call
 from provisioning.proxmox.budgets import Budgets
-from provisioning.proxmox.errors import ConnectFailed
+from provisioning.proxmox.deadline import effective
+from provisioning.proxmox.errors import ConnectFailed, RequestTimeout
 from provisioning.services import operations
 from provisioning.services.clock import db_now
 from provisioning.services.driver import operation_run_step
@@ -79,6 +80,22 @@ def _open_breaker(cluster: Cluster, *, times_opened: int, last_error: str) -> No
     )
 
 
+def _go_silent(gone: Unreachable, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make ``gone`` a host that accepts and never answers: each request waits out its timeout
+    (5 s here, standing in for requestTimeoutSeconds' 30) or the caller's shorter bound. The
+    probe's bound is 0.3 s. Returns the list the names of the calls sent are appended to."""
+    monkeypatch.setattr("django.conf.settings.PROXYHUB_CIRCUIT_PROBE_SECONDS", 0.3, raising=False)
+    calls: list[str] = []
+
+    def silent(call: Call, *, deadline: Any) -> Any:
+        calls.append(call.name)
+        effective(deadline).sleep(5.0)
+        raise RequestTimeout(f"{call.method} {call.path}: no answer in time (read timed out)")
+
+    monkeypatch.setattr(gone, "send", silent)
+    return calls
+
+
 def _spec(cluster: Cluster, name: str) -> ProxySpec:
     return ProxySpec(
         name=name, cluster=cluster, machine_type="small", image="debian-13", zone="pve1"
@@ -130,14 +147,22 @@ def test_a_probe_closes_the_breaker_once_the_cluster_answers_again(
 
 
 def test_another_cluster_goes_on_while_one_is_unreachable(
-    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable]
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], settings: Any
 ) -> None:
     cluster, gone = dead
     lost = pump.call(operations.proxy_create, spec=_spec(cluster, "lost"))
     fine = [pump.call(operations.proxy_create, spec=_spec(sim.cluster, f"ok{i}")) for i in range(3)]
-    # Run until the good cluster's creates are done; the lost one keeps being deferred.
+    # Run until the good cluster's creates are done and the dead one's breaker is open; the
+    # lost create keeps being deferred.
     deadline = time.monotonic() + 30
-    while any(Operation.objects.get(pk=o.pk).state != OperationState.SUCCEEDED for o in fine):
+
+    def going() -> bool:
+        return (
+            any(Operation.objects.get(pk=o.pk).state != OperationState.SUCCEEDED for o in fine)
+            or not CircuitBreaker.objects.filter(pk=cluster.pk, state=CircuitState.OPEN).exists()
+        )
+
+    while going():
         assert time.monotonic() < deadline, "the good cluster was held up"
         message = min(pump.queue)
         pump.queue.remove(message)
@@ -148,14 +173,13 @@ def test_another_cluster_goes_on_while_one_is_unreachable(
     assert CircuitBreaker.objects.get(pk=cluster.pk).state != CircuitState.CLOSED
     lost.refresh_from_db()
     assert lost.state not in (OperationState.SUCCEEDED, OperationState.FAILED)
-    # Requests to the dead cluster stopped at the threshold (the step's first read, sent again
-    # in place by the seam and by the driver, 12 in all), not one per poll. After that only
-    # probes went out, one GET /version each; how many depends on how long the good cluster
-    # took, since the breaker doubles its wait between them (0.5 s, 1 s, 2 s...).
-    steps = [p for p in gone.paths if p != "/version"]
-    assert len(steps) <= 3 * 3 + 3, gone.paths
-    probes = gone.sent - len(steps)
-    assert probes <= 1 + math.ceil(math.log2(1 + 30 / 0.5)), gone.paths
+    # The dead cluster never answered, so it stayed cold: no step request reached it, only
+    # probes, one GET /version each (sent again in place by the seam when refused, as every
+    # read is): three refused in a row opened the breaker, then one per open interval, which
+    # doubles (0.5 s, 1 s, 2 s...), however long the good cluster took.
+    assert set(gone.paths) == {"/version"}, gone.paths
+    probes = 3 + math.ceil(math.log2(1 + 30 / 0.5))
+    assert gone.sent <= probes * (1 + settings.PROXYHUB_READ_RETRIES), gone.paths
 
 
 def test_reconcile_skips_a_cluster_whose_breaker_is_open(
@@ -194,7 +218,6 @@ def test_one_costly_failure_opens_the_breaker_and_probes_are_one_short_request(
     """A host that accepts connections and never answers costs a whole request timeout per try:
     one such failure opens the breaker, and its probes are one cheap request each, never a step
     that could hold a worker for the full timeout."""
-    from provisioning.proxmox.errors import RequestTimeout
     from provisioning.services import circuit
 
     cluster, gone = dead
@@ -212,13 +235,14 @@ def test_one_costly_failure_opens_the_breaker_and_probes_are_one_short_request(
     pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
     breaker = CircuitBreaker.objects.get(pk=cluster.pk)
     assert breaker.state == CircuitState.OPEN and breaker.failures == 1
-    assert calls == ["cluster_resources"]  # the lookup's first read, once: timeouts are not retried
+    assert calls == ["version"]  # the cold cluster's probe, once: timeouts are not retried
     # The breaker's time is up: the next delivery probes with one version request, which also
     # times out, and the breaker opens again for twice as long without running the step.
     CircuitBreaker.objects.filter(pk=cluster.pk).update(retry_at=db_now())
+    Operation.objects.filter(proxy__name="silent").update(next_step_at=db_now())
     message = pump.queue.pop(0)
     pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
-    assert calls == ["cluster_resources", "version"]
+    assert calls == ["version", "version"]
     breaker.refresh_from_db()
     assert breaker.state == CircuitState.OPEN and breaker.open_seconds == 1.0  # 0.5 s doubled
 
@@ -254,3 +278,62 @@ def test_a_cluster_that_has_not_answered_lately_runs_one_step_at_a_time(
     pump.queue.remove(message)
     pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
     assert third.steps.exists()  # warm: it ran beside the "running" one
+
+
+def test_first_contact_with_a_silent_cluster_costs_one_short_probe_not_a_request_timeout(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster that has not answered lately (here: never) may have gone silent, and a silent
+    host holds the worker for a whole request timeout (30 s by default) per request. So the
+    first step of a cold cluster is preceded by one probe bounded by the probe's few seconds:
+    a silent host costs that bound once and opens the breaker, and the step never runs."""
+    cluster, gone = dead
+    calls = _go_silent(gone, monkeypatch)
+    pump.call(operations.proxy_create, spec=_spec(cluster, "silent"))
+    message = pump.queue.pop(0)
+    started = time.monotonic()
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    held = time.monotonic() - started
+    assert calls == ["version"]  # the probe, and no step request behind it
+    assert held < 2.0, f"the delivery held the worker {held:.1f} s"
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.OPEN and breaker.failures == 1
+    op = Operation.objects.get(proxy__name="silent")
+    assert op.attempts == 0 and not op.steps.exists()  # deferred: the outage is the cluster's
+    assert "unreachable" in op.last_error
+
+
+def test_reconcile_of_a_silent_cluster_costs_one_short_probe_not_a_request_timeout(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reconcile lists every cluster each round; the listing of a cold cluster that went silent
+    would hold its worker for a whole request timeout. It is probed first, like a step."""
+    cluster, gone = dead
+    proxy = Proxy(name="idle", cluster=cluster, machine_type="small", image="debian-13")
+    proxy.set_cloud_init(b"")
+    proxy.save()
+    calls = _go_silent(gone, monkeypatch)
+    started = time.monotonic()
+    counts = pump.call(reconcile_round)
+    held = time.monotonic() - started
+    assert calls == ["version"] and held < 2.0, (calls, held)
+    assert counts["unreachable"] == 1
+    assert CircuitBreaker.objects.get(pk=cluster.pk).state == CircuitState.OPEN
+    assert not Operation.objects.filter(proxy=proxy).exists()
+
+
+def test_a_cold_cluster_that_answers_its_probe_runs_the_step_in_the_same_delivery(
+    pump: Pump, sim: Sim
+) -> None:
+    """The probe of a cold cluster is one cheap request; when the cluster answers, the step runs
+    right behind it, and a warm cluster is not probed again."""
+    op = pump.call(operations.proxy_create, spec=_spec(sim.cluster, "warm"))
+    message = pump.queue.pop(0)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    assert op.steps.exists()  # the step ran in the delivery that probed
+    versions = [e for e in sim.engine.ledger.calls("GET", "GET /version")]
+    assert len(versions) == 1
+    pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED
+    assert len(sim.engine.ledger.calls("GET", "GET /version")) == 1  # warm from then on
