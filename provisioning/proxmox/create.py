@@ -35,7 +35,7 @@ from .deadline import Deadline
 from .disks import boot_disk, disk_size_bytes, gib
 from .errors import ApiError, PermanentError, ReplyLost, TransientError
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
-from .marks import render_mark
+from .marks import complete_mark, render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name
@@ -149,7 +149,7 @@ class CreateMachine(StepMachine[CreateRequest]):
             if verdict.verdict in ("busy", "ours"):
                 return self._settle(req, progress, verdict, deadline)
 
-        template_node = self._check_template(template_vmid, by_vmid, deadline)
+        template_node = self._check_template(req, template_vmid, by_vmid, deadline)
         first = int(progress.get("attempt") or 0) if recorded is not None else 0
         for attempt in range(first, MAX_ATTEMPTS):
             vmid = vmid_for(req.uid, attempt, self.config.vmid_min, self.config.vmid_max)
@@ -207,7 +207,9 @@ class CreateMachine(StepMachine[CreateRequest]):
                 message=f"VM {verdict.vmid} is locked or mid-clone; waiting for it",
             )
         if verdict.verdict == "ours":
-            return self._adopt(req, progress, verdict.vmid, str(verdict.node), deadline)
+            return self._adopt(
+                req, progress, verdict.vmid, str(verdict.node), verdict.config or {}, deadline
+            )
         # Only "free" and "foreign" remain, and callers handle both before getting here.
         raise TransientError(f"unexpected verdict {verdict.verdict} for VM {verdict.vmid}", op=OP)
 
@@ -217,9 +219,20 @@ class CreateMachine(StepMachine[CreateRequest]):
         progress: Progress,
         vmid: int,
         node: str,
+        config: Mapping[str, str],
         deadline: Deadline | None,
     ) -> StepResult:
-        """Our VM exists: running means done; otherwise continue at the seed upload."""
+        """Our VM exists: running means done; otherwise continue at the seed upload. A mark
+        without our uid (entry 2 adopts it) is completed first, so the VM is ours by its mark
+        and not by its name alone."""
+        description = complete_mark(
+            config.get("description"),
+            req.uid,
+            self.config.installation_id,
+            datetime.fromtimestamp(self.clock(), UTC),
+        )
+        if description is not None:
+            self.api.set_vm_config(node, vmid, {"description": description}, deadline=deadline)
         status = self.api.vm_status(node, vmid, deadline=deadline)
         if status.get("status") == "running":
             done = advance(progress, "done", vmid=vmid, node=node)
@@ -239,6 +252,7 @@ class CreateMachine(StepMachine[CreateRequest]):
 
     def _check_template(
         self,
+        req: CreateRequest,
         template_vmid: int,
         by_vmid: Mapping[int, Mapping[str, Any]],
         deadline: Deadline | None,
@@ -253,7 +267,8 @@ class CreateMachine(StepMachine[CreateRequest]):
             )
         node = str(entry["node"])
         config = self.api.vm_config(node, template_vmid, deadline=deadline)
-        problem = template_problem(config, self.config, template_vmid)
+        machine = resolve_machine_type(self.config, req.machine_type)
+        problem = template_problem(config, self.config, template_vmid, disk_gib=machine.disk_gib)
         if problem:
             raise PermanentError(problem, remediation=TEMPLATE_REMEDIATION, op=OP)
         return node
@@ -283,7 +298,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 "wait", dict(progress, since=since), "lock_wait", delay=self.budgets.poll_interval
             )
         if verdict.verdict == "ours":
-            return self._adopt(req, progress, vmid, node, deadline)
+            return self._adopt(req, progress, vmid, node, config, deadline)
         # Foreign now that it is unlocked: probe on from the next attempt.
         return StepResult(
             "continue",

@@ -109,6 +109,27 @@ def parse_mark(description: str | None) -> Mark:
     )
 
 
+def complete_mark(
+    description: str | None, uid: UUID | str, installation_id: str, now: datetime
+) -> str | None:
+    """The description with a whole mark, or None when its mark is whole already.
+
+    Seed 000 entry 2 adopts a VM whose mark carries no uid; such a VM is tied to its proxy by
+    nothing but its name. The mark is written again with the uid and installation, keeping the
+    mark's creation time (GC's age) when it has one and every line an admin added."""
+    mark = parse_mark(description)
+    if mark.uid and mark.installation:
+        return None
+    keys = (MANAGED_KEY, UID_KEY, CREATED_AT_KEY, INSTALLATION_KEY)
+    kept = [
+        line
+        for line in (description or "").splitlines()
+        if line.partition("=")[0].strip() not in keys
+    ]
+    head = render_mark(uid, mark.created_at or now, installation_id)
+    return "\n".join([head, *kept]).rstrip()
+
+
 def split_tags(tags: str | None) -> list[str]:
     """The tags of a ``tags`` value, in order, empty entries dropped."""
     return [t for t in _TAG_SEPARATORS.split(tags or "") if t]

@@ -162,7 +162,15 @@ def agent_state(
                 return "Stopped", None
             if _VM_NOT_RUNNING.match(err.message):
                 raise TransientError(f"VM {vmid} stopped while being read", op="get") from err
-        raise
+        # The table's last row, "anything else: cannot tell", is transient: not the general
+        # classifier's 403-is-permanent or does-not-exist-is-gone. The status read just before
+        # found the VM; an agent answer says nothing certain about the VM or the token.
+        raise TransientError(
+            f"the guest agent of VM {vmid} answered {err.status} {err.message}",
+            remediation="the next read asks again; if this lasts, check the guest agent in the "
+            "VM and that the token may use it (VM.Monitor)",
+            op="get",
+        ) from err
     ip = pick_address(interfaces)
     return ("Running", ip) if ip else ("Provisioning", None)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .config import ProxmoxConfig
-from .disks import cloudinit_drive
+from .disks import boot_disk, cloudinit_drive, disk_size_bytes
 from .marks import TAG
 from .netcfg import rewrite_net0
 from .seed import seed_volid
@@ -25,9 +25,14 @@ TEMPLATE_REMEDIATION = (
 
 
 def template_problem(
-    config: Mapping[str, str], cluster: ProxmoxConfig, template_vmid: int
+    config: Mapping[str, str],
+    cluster: ProxmoxConfig,
+    template_vmid: int,
+    *,
+    disk_gib: int | None = None,
 ) -> str | None:
-    """Why a template cannot be used (entry 4), or None."""
+    """Why a template cannot be used (entry 4), or None. ``disk_gib`` is the machine type's
+    ``diskGiB``: when set, the resize (entry 6) needs the copy's boot disk and its size."""
     if str(config.get("template", "0")) != "1":
         return f"VM {template_vmid} is not a template"
     drive = cloudinit_drive(config)
@@ -38,6 +43,13 @@ def template_problem(
         )
     if (cluster.bridge or cluster.vlan_tag) and "net0" not in config:
         return f"template {template_vmid} has no net0 to put on the configured bridge or VLAN"
+    if disk_gib:
+        disk = boot_disk(config)
+        if disk is None or disk_size_bytes(config.get(disk, "")) is None:
+            return (
+                f"template {template_vmid} has no boot disk with a readable size, which the "
+                f"resize to diskGiB {disk_gib} needs"
+            )
     return None
 
 

@@ -99,6 +99,31 @@ def test_create_unknown_placement_is_permanent_before_any_call(
     assert world.engine.ledger.calls() == []
 
 
+@pytest.mark.parametrize(
+    "scsi0",
+    [None, "vmstore:base-9000-disk-0,discard=on"],
+    ids=["no-boot-disk", "no-readable-size"],
+)
+def test_create_template_without_a_usable_boot_disk_is_refused_before_the_clone(
+    world: World, scsi0: str | None
+) -> None:
+    """Seed 000 entry 4: a template the create could not use is refused before any VM exists.
+    With ``diskGiB`` set, the resize (entry 6) needs the boot disk and its ``size=``; finding
+    that out in the configure step left a clone and an uploaded seed that fixing the template
+    cannot help."""
+    template = world.engine.cluster.guests[GOOD_TEMPLATE]
+    if scsi0 is None:
+        template.config.pop("scsi0")
+        template.config.pop("boot", None)
+        template.config.pop("bootdisk", None)
+    else:
+        template.config["scsi0"] = scsi0
+    result = world.create(world.request("nodisk"))  # machine type "small" sets diskGiB
+    assert isinstance(result.error, PermanentError)
+    assert f"template {GOOD_TEMPLATE} has no boot disk with a readable size" in str(result.error)
+    assert world.engine.ledger.mutations() == []
+
+
 def test_create_template_that_is_not_a_template_is_permanent(world: World) -> None:
     config = ProxmoxConfig.from_mapping(
         {**catalogue(), "templates": {"debian-13": {"vmid": 100}}},
@@ -108,6 +133,34 @@ def test_create_template_that_is_not_a_template_is_permanent(world: World) -> No
     result = world.create(world.request("nt"), provider)
     assert isinstance(result.error, PermanentError)
     assert "VM 100 is not a template" in str(result.error)
+
+
+def test_create_adopting_a_vm_whose_mark_has_no_uid_writes_the_whole_mark(world: World) -> None:
+    """Seed 000 entry 2 adopts our-named VM whose mark carries no uid. Left so, nothing but its
+    name would tie it to the proxy (GC would count it an orphan), so the adoption writes the
+    proxy's uid and the installation into the mark, keeping what an admin wrote below it and
+    the original creation time."""
+    req = world.request("blank")
+    vmid = vmid_for(req.uid, 0, 100000, 199999)
+    world.api.clone("pve1", GOOD_TEMPLATE, newid=vmid, name=req.vm_name)
+    world.engine.control.advance(30)
+    world.api.set_vm_config(
+        "pve1",
+        vmid,
+        {
+            "description": "proxyhub-managed=true\nproxyhub-uid=\n"
+            "proxyhub-created-at=2026-11-30T16:00:00Z\nrebuilt by hand after the outage"
+        },
+    )
+    result = world.create(req)
+    assert result.status == "done", result.error
+    assert result.provider_id == f"vms/{vmid}/{req.vm_name}"  # adopted, not cloned again
+    assert len(world.engine.ledger.calls("POST", CLONE)) == 1
+    description = world.api.vm_config("pve1", vmid)["description"]
+    mark = parse_mark(description)
+    assert (mark.managed, mark.uid, mark.installation) == (True, req.uid, "inst-test")
+    assert mark.created_at is not None and mark.created_at.isoformat().startswith("2026-11-30T16")
+    assert description.endswith("rebuilt by hand after the outage")
 
 
 def test_create_taken_vmid_inspected_before_probing(world: World) -> None:

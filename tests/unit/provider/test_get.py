@@ -114,6 +114,33 @@ def test_get_agent_messages_table(world: World) -> None:
     assert world.provider.get(provider_id).state == "Stopped"
 
 
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        (403, "Permission check failed (/vms/{vmid}, VM.Monitor)"),
+        (500, "Configuration file 'nodes/pve1/qemu-server/{vmid}.conf' does not exist"),
+        (400, "Parameter verification failed."),
+        (501, "Method 'GET /nodes/pve1/qemu/{vmid}/agent/network-get-interfaces' not implemented"),
+    ],
+    ids=["403", "does-not-exist", "400", "501"],
+)
+def test_get_agent_anything_else_is_transient_as_entry_7s_table_says(
+    world: World, status: int, message: str
+) -> None:
+    """Seed 000 entry 7: an agent answer outside the table's rows means "cannot tell", which is
+    transient, never permanent or not-found: the agent's answer says nothing about the VM's
+    existence or the token's rights elsewhere (the status read just before found the VM)."""
+    provider_id, vmid = _running(world, "odd-agent")
+    world.settle(30)
+    world.engine.control.fail_call(
+        "GET", AGENT_PATH, kind="status", status=status, message=message.format(vmid=vmid)
+    )
+    with pytest.raises(TransientError) as caught:
+        world.provider.get(provider_id)
+    assert type(caught.value) is TransientError, type(caught.value)
+    assert "guest agent" in str(caught.value)
+
+
 def test_get_agent_answering_without_ipv4_is_provisioning(world: World) -> None:
     provider_id, vmid = _running(world, "noip")
     profile = world.engine.profile
