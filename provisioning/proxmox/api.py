@@ -230,6 +230,7 @@ class Api:
             fields: dict[str, Any] = {
                 "call": call.name,
                 **ids,
+                **_work_fields(call),
                 "duration": round(time.monotonic() - started, 4),
                 "error_class": type(exc).__name__,
             }
@@ -247,6 +248,7 @@ class Api:
             "call": call.name,
             **({"cluster": self.label} if self.label else {}),
             **ids,
+            **_work_fields(call),
             "duration": round(time.monotonic() - started, 4),
             "http_status": response.status,
         }
@@ -580,6 +582,19 @@ class Api:
             {"start": str(start), "limit": str(limit)},
         )
         return list(self._data(call, deadline) or [])
+
+
+def _work_fields(call: Call) -> dict[str, str]:
+    """Entry 20: what a call works on beyond its path, on its INFO line: the new VM of a clone,
+    the file of an upload. Python's log records reserve ``name`` and ``filename``, so the seed's
+    ``name`` is ``vm_name`` (as on the provider's lines) and ``filename`` is ``upload_filename``."""
+    out: dict[str, str] = {}
+    if call.name == "clone":
+        out["newid"] = call.params.get("newid", "")
+        out["vm_name"] = call.params.get("name", "")
+    if call.upload is not None:
+        out["upload_filename"] = call.upload.filename
+    return out
 
 
 def _loggable_params(call: Call) -> dict[str, str]:

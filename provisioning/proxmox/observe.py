@@ -20,6 +20,7 @@ from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, NotFoundError, ProxmoxError, TransientError, classify
 from .ids import format_provider_id, parse_provider_id
 from .marks import TAG, has_tag, parse_mark
+from .ownership import is_missing
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -78,13 +79,44 @@ def get(
     """Entry 9, in its order; the first matching row decides.
 
     ``node``: the VM's node when the caller knows it (a VM it just started). The listing is
-    then skipped, which on a big cluster is most of the cost of polling one VM's boot; a VM
-    that moved or vanished answers "does not exist" on that node (not found), and a node that
-    does not answer fails the config read (transient), as the listing rows would have said.
+    then skipped, which on a big cluster is most of the cost of polling one VM's boot. The
+    node's own config answers the rows the listing entry would have: a lock is transient, a
+    node that does not answer fails the read (transient). A VM that is not on that node any
+    more ("does not exist" there) is looked up in the listing after all, since the ID is
+    location-free so that a migrated VM stays addressable (entry 1); only a VM the listing
+    lacks is not found.
+
+    Every instance returned is logged as "proxmox vm fetched" with its state, address and uid
+    (entry 20), whichever row decided it.
     """
+    instance = _read(api, provider_id, listing=listing, node=node, deadline=deadline)
+    log.info(
+        "proxmox vm fetched",
+        extra={
+            "vmid": instance.vmid,
+            "vm_name": instance.name,
+            "node": instance.node,
+            "state": instance.state,
+            "ip": instance.ip,
+            "uid": instance.uid,
+        },
+    )
+    return instance
+
+
+def _read(
+    api: Api,
+    provider_id: str,
+    *,
+    listing: Sequence[Mapping[str, Any]] | None,
+    node: str | None,
+    deadline: Deadline | None,
+) -> Instance:
+    """``get`` without its log line."""
     pid = parse_provider_id(provider_id)
+    hinted = listing is None and bool(node)
     try:
-        if listing is None and node:
+        if hinted:
             listing = [{"vmid": pid.vmid, "node": node, "type": "qemu"}]
         if listing is None:
             listing = api.cluster_resources(deadline=deadline)
@@ -102,6 +134,9 @@ def get(
         try:
             config = api.vm_config(node, pid.vmid, deadline=deadline)
         except ApiError as err:
+            if hinted and is_missing(err):
+                # Moved since the hint, or gone: the listing tells.
+                return _read(api, provider_id, listing=None, node=None, deadline=deadline)
             raise classify("get", err) from err
         if config.get("lock") and config["lock"] != "suspended":
             raise TransientError(f"VM {pid.vmid} is locked ({config['lock']})", op="get")
@@ -137,12 +172,7 @@ def get(
         if mapped is not None:
             return replace(base, state=mapped, status=st, qmpstatus=qmp)
         state, ip = agent_state(api, node, pid.vmid, deadline=deadline)
-        instance = replace(base, state=state, ip=ip, status=st, qmpstatus=qmp)
-        log.info(
-            "proxmox vm fetched",
-            extra={"vmid": pid.vmid, "vm_name": pid.name, "node": node, "state": state, "ip": ip},
-        )
-        return instance
+        return replace(base, state=state, ip=ip, status=st, qmpstatus=qmp)
     except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
         raise classify("get", err) from err
 

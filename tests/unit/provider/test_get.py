@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 import pytest
@@ -218,6 +219,53 @@ def test_get_with_a_known_node_skips_the_listing(world: World) -> None:
     hinted = world.provider.get(provider_id, node="pve1")
     assert world.engine.ledger.count("GET", "GET /cluster/resources") == 0
     assert hinted == world.provider.get(provider_id)
-    # A VM that is not on that node (moved or gone) reads as not found, never as ours.
+
+
+def test_get_with_a_stale_node_hint_finds_a_moved_vm_through_the_listing(world: World) -> None:
+    """Seed 000 entry 1: the ID is location-free so that a migrated VM stays addressable. The
+    hint is only a shortcut: a VM that is not on the hinted node any more is looked up in the
+    listing (one extra request, only then), and only a VM the listing lacks is not found."""
+    provider_id, vmid = _running(world, "moved")
+    world.settle(30)
+    world.engine.ledger.clear()
+    moved = world.provider.get(provider_id, node="pve2")  # it runs on pve1
+    assert (moved.node, moved.state) == ("pve1", "Running")
+    assert world.engine.ledger.count("GET", "GET /cluster/resources") == 1
+    world.api.stop("pve1", vmid)
+    world.settle(30)
+    world.api.destroy("pve1", vmid)
+    world.settle(30)
     with pytest.raises(NotFoundError):
-        world.provider.get(provider_id, node="pve2")
+        world.provider.get(provider_id, node="pve1")
+
+
+def test_get_with_a_node_hint_keeps_entry_9s_rows_for_a_lock(world: World) -> None:
+    """The rows the listing entry would have decided are decided by the node's own config: a
+    lock other than ``suspended`` is transient, never not-found or a state."""
+    provider_id, vmid = _running(world, "hinted-lock")
+    world.settle(30)
+    world.engine.control.set_lock(vmid, "backup")
+    with pytest.raises(TransientError) as caught:
+        world.provider.get(provider_id, node="pve1")
+    assert type(caught.value) is TransientError and "locked (backup)" in str(caught.value)
+
+
+def test_every_get_and_the_calls_of_a_create_log_what_entry_20_names(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entry 20: "proxmox vm fetched" with state, ip and uid on every return of Get, not only
+    the agent's; the clone's line names the new VM, the upload's its file."""
+    caplog.set_level(logging.INFO, logger="proxyhub.proxmox")
+    req = world.request("logged")
+    provider_id = str(world.create(req).provider_id)
+    vmid = int(provider_id.split("/")[1])
+    clone = next(r for r in caplog.records if getattr(r, "call", "") == "clone")
+    assert (clone.newid, clone.vm_name) == (str(vmid), "proxy-logged")  # type: ignore[attr-defined]
+    upload = next(r for r in caplog.records if getattr(r, "call", "") == "upload_iso")
+    assert upload.upload_filename == "proxy-logged-seed.iso"  # type: ignore[attr-defined]
+    world.api.stop("pve1", vmid)
+    world.settle(30)
+    caplog.clear()
+    assert world.provider.get(provider_id).state == "Stopped"  # decided by status/current
+    (fetched,) = [r for r in caplog.records if r.getMessage() == "proxmox vm fetched"]
+    assert (fetched.state, fetched.uid, fetched.vmid) == ("Stopped", req.uid, vmid)  # type: ignore[attr-defined]
