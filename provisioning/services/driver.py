@@ -31,6 +31,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F
@@ -43,7 +44,7 @@ from provisioning.models.choices import (
     OperationState,
     Phase,
 )
-from provisioning.proxmox.errors import ClassifiedError, PermanentError, classify
+from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
 from provisioning.proxmox.steps import StepResult
 
 from . import circuit, claims, dispatch, leases, policy
@@ -167,6 +168,19 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
     except ClassifiedError as err:  # an expected failure outside the provider (placement, ...)
         log.info("step failed", extra={"operation": str(op.pk), "error": str(err)})
         return Outcome(StepResult("error", dict(progress), stage, error=err), dict(progress))
+    except SoftTimeLimitExceeded:
+        # The task's time limit, raised inside a request that got no answer (with
+        # requestTimeoutSeconds 0 nothing else bounds it): the cluster's slowness, not a bug.
+        log.warning("step stopped by its time limit", extra={"operation": str(op.pk)})
+        error = TransientError(
+            f"step {stage} ran past its task time limit waiting for Proxmox",
+            remediation="check that the cluster answers; a requestTimeoutSeconds above 0 "
+            "ends such a request sooner",
+            op=str(op.kind),
+            # Not tried again in place (the hard limit follows), and counted by the breaker.
+            unreachable=True,
+        )
+        return Outcome(StepResult("error", dict(progress), stage, error=error), dict(progress))
     except Exception as err:  # a bug: it will not heal by itself, so it ends the operation
         log.exception("step failed unexpectedly", extra={"operation": str(op.pk)})
         error = PermanentError(

@@ -39,7 +39,8 @@ def _http_transport(config: ProxmoxConfig) -> Transport:
         config.token_file,
         ca_file=config.ca_file,
         insecure=config.insecure_skip_tls_verify,
-        request_timeout=config.request_timeout_seconds or 30.0,
+        # 0 is no per-request bound (docs/catalogue.md); the step task's time limit remains.
+        request_timeout=config.request_timeout_seconds,
     )
 
 

@@ -470,3 +470,22 @@ def test_export_of_named_clusters_and_of_an_unknown_one(tmp_path: Path, token_fi
     assert documents[0]["apiVersion"] == "proxyhub/v1" and documents[0]["kind"] == "ProxmoxCluster"
     with pytest.raises(CatalogueError, match="no cluster is named nope"):
         catalogue_export(["proxmox-lab", "nope"])
+
+
+@pytest.mark.parametrize(("value", "bound"), [(None, 30.0), (0, 0.0), (12.5, 12.5)])
+def test_request_timeout_has_one_meaning_from_the_catalogue_to_the_transport(
+    tmp_path: Path, token_file: str, value: float | None, bound: float
+) -> None:
+    """``requestTimeoutSeconds``: absent is 30 s; 0 is no per-request bound (the seed's
+    ``http.Client.Timeout``), as docs/catalogue.md says, not 30 s by the back door; the step's
+    task time limit still ends a request that never answers."""
+    from provisioning.proxmox.http import HttpTransport
+    from provisioning.services.providers import _http_transport
+
+    overrides = {} if value is None else {"requestTimeoutSeconds": value}
+    _import_file(tmp_path, _doc(token_file, **overrides))
+    cluster = Cluster.objects.get(name="proxmox-home")
+    transport = _http_transport(cluster.proxmox_config("inst"))
+    assert isinstance(transport, HttpTransport)
+    assert transport.request_timeout == bound
+    transport.close()

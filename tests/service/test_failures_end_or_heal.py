@@ -139,6 +139,24 @@ def test_an_unexpected_exception_ends_the_operation_and_names_the_step(
     assert "a bug" not in op.last_error  # internals stay in the worker log
 
 
+def test_a_step_stopped_by_its_task_time_limit_is_retried_not_failed(pump: Pump, sim: Sim) -> None:
+    """A request that never answers (``requestTimeoutSeconds: 0`` on a silent host) runs until
+    the step task's soft time limit raises inside it. That is a slow cluster, not a proxyhub
+    bug: the step counts a transient failure and is tried again; it does not end the create."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    def time_is_up(call: Any) -> None:
+        raise SoftTimeLimitExceeded()
+
+    sim.before("GET /cluster/resources", time_is_up)
+    op = pump.call(operations.proxy_create, spec=_spec(sim))
+    pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    assert op.faults == 1
+    assert Proxy.objects.get().phase == "Running"
+
+
 # --- transient faults are retried where they happened ---------------------------------------------
 
 
