@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -69,12 +70,19 @@ class ProxySpec:
         )
 
 
+def zone_required() -> bool:
+    """``PROXYHUB_ZONE_REQUIRED``: seed 000 entry 3's rule that a cluster of several nodes
+    needs a zone, instead of proxyhub's placement of a blank zone (the default)."""
+    return bool(getattr(settings, "PROXYHUB_ZONE_REQUIRED", False))
+
+
 def validate_placement(cluster: Cluster, *, zone: str, machine_type: str, image: str) -> None:
     """Entry 3's checks against the catalogue, as field errors an operator can act on."""
     config = cluster.proxmox_config("validation")
     errors: dict[str, str] = {}
     checks = (
-        ("zone", lambda: resolve_zone(config, zone) if zone else None),
+        # A blank zone is placed by proxyhub unless the seed's rule is asked for.
+        ("zone", lambda: resolve_zone(config, zone) if zone or zone_required() else None),
         ("machine_type", lambda: resolve_machine_type(config, machine_type)),
         ("image", lambda: resolve_template(config, image)),
     )

@@ -22,12 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db.models import Count, Q
 
 from provisioning.models import Cluster, MachineType, Proxy
 from provisioning.models.choices import DesiredState
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.errors import PermanentError, TransientError
+from provisioning.proxmox.placement import resolve_zone
 
 MIB = 1024**2
 
@@ -63,6 +65,9 @@ def choose_node(cluster: Cluster, config: ProxmoxConfig) -> str:
             f"cluster {cluster.name} has no nodes",
             remediation="add the cluster's nodes to the catalogue",
         )
+    if len(nodes) > 1 and getattr(settings, "PROXYHUB_ZONE_REQUIRED", False):
+        # The seed's rule (entry 3), for a proxy declared before the setting was turned on.
+        resolve_zone(config, "")
     health = _node_health(cluster)
     if not any(node in health for node in nodes):
         if len(nodes) == 1:

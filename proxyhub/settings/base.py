@@ -221,6 +221,9 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "proxyhub.error_reports.SensitiveReporterFil
 # ----------------------------------------------------------------------------------------------
 # GC deletes a managed VM or seed ISO without a live proxy only when it is older than this, so a
 # create that has not yet written its row is never collected (DESIGN §5 GC).
+# Seed 000 entry 3 requires a zone on a cluster of several nodes; proxyhub places a blank
+# zone itself unless this is set (docs/operator-guide.md, "Placement").
+PROXYHUB_ZONE_REQUIRED = env.bool("PROXYHUB_ZONE_REQUIRED", default=False)
 PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900)
 # Beat intervals, used by the data migration that creates the periodic tasks.
 PROXYHUB_RECONCILE_INTERVAL_SECONDS = env.int("PROXYHUB_RECONCILE_INTERVAL_SECONDS", default=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -88,6 +89,28 @@ def test_bad_placement_is_refused_and_nothing_written(sim: Sim) -> None:
     assert "image" in caught.value.message_dict and "machine_type" in caught.value.message_dict
     assert "arch" in str(caught.value)
     assert not Proxy.objects.exists() and not Operation.objects.exists()
+
+
+def test_a_blank_zone_is_placed_or_refused_as_the_zone_setting_says(
+    pump: Pump, sim: Sim, settings: Any
+) -> None:
+    """Seed 000 entry 3 requires a zone on a cluster of several nodes; proxyhub places a blank
+    zone itself (docs/operator-guide.md). ``PROXYHUB_ZONE_REQUIRED`` gives the seed's rule:
+    the create is refused naming the field and the nodes allowed, and nothing is written."""
+    settings.PROXYHUB_ZONE_REQUIRED = True
+    with pytest.raises(ValidationError) as caught:
+        operations.proxy_create(spec=_spec(sim, zone=""))
+    assert list(caught.value.message_dict) == ["zone"]
+    assert "placement.zone is required" in str(caught.value) and "pve1, pve2, pve3" in str(
+        caught.value
+    )
+    assert not Proxy.objects.exists() and not Operation.objects.exists()
+    settings.PROXYHUB_ZONE_REQUIRED = False
+    op = pump.call(operations.proxy_create, spec=_spec(sim, zone=""))
+    pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED
+    assert Proxy.objects.get().node in ("pve1", "pve2", "pve3")
 
 
 def test_idempotency_key_returns_the_same_operation_or_refuses(pump: Pump, sim: Sim) -> None:
