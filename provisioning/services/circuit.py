@@ -10,8 +10,10 @@ without running: a delivery costs milliseconds and holds nothing.
 
 At ``retry_at`` one delivery (a conditional UPDATE elects it) probes the cluster with one cheap
 request bounded by ``PROXYHUB_CIRCUIT_PROBE_SECONDS``, not with a real step that could hold the
-worker for a full request timeout. If Proxmox answers, the breaker closes and the step runs;
-if not, the breaker opens again for twice as long, up to ``PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS``.
+worker for a full request timeout; the delivery itself waits only
+``PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS`` for the answer (``services.circuit_probe``). If Proxmox
+answers, the breaker closes and the step runs; if not, the breaker opens again for twice as
+long, up to ``PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS``.
 A deferred step does not count as an attempt: the outage is the cluster's, not the
 operation's (its age ceiling still applies).
 
@@ -24,17 +26,17 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from provisioning.models import CircuitBreaker, CircuitState, Cluster
-from provisioning.proxmox.deadline import Cancelled, Deadline, DeadlineExceeded
-from provisioning.proxmox.errors import ProxmoxError, classify
+from provisioning.proxmox.errors import classify
 
+from .circuit_probe import PROBE_FAILURES, ProbeResult, ProbeRun
 from .clock import db_now
 from .providers import provider_for
 
@@ -45,6 +47,9 @@ OPEN_SECONDS = 15.0
 MAX_OPEN_SECONDS = 120.0
 # The probe's own bound: one request, answered in milliseconds by a live pveproxy.
 PROBE_SECONDS = 3.0
+# How long the probing delivery waits for that answer before its step is deferred and the
+# probe's own thread records the verdict (services.circuit_probe).
+PROBE_WAIT_SECONDS = 0.5
 # A failure that held the worker this long opens the breaker at once: a refusal or a reset comes
 # back in milliseconds, so a failure this slow was a timeout, which costs a worker every time.
 COSTLY_FAILURE_SECONDS = 2.0
@@ -67,6 +72,7 @@ class Admission:
     allowed: bool
     until: datetime | None = None
     probe: bool = False
+    note: str = ""
 
 
 ALLOWED = Admission(True)
@@ -107,37 +113,90 @@ def circuit_probe_cold(*, cluster: Cluster) -> Admission:
 
     A cold cluster may have gone silent since it last answered, and a step's first request to
     a silent host waits out the whole request timeout (30 s by default) on a worker. The probe
-    waits ``PROXYHUB_CIRCUIT_PROBE_SECONDS`` at most; when it gets no answer in that time the
-    breaker opens at once, so first contact with a dead cluster costs a worker a few seconds.
-    A refusal counts as one failure in a row, as a step's would."""
-    return _probe(cluster)
+    waits ``PROXYHUB_CIRCUIT_PROBE_SECONDS`` at most, and the delivery only the short
+    ``PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS`` of it (``circuit_probe``); no answer in the whole
+    bound opens the breaker at once. A refusal counts as one failure in a row, as a step's
+    would."""
+    return _probe(cluster, cold=True)
 
 
-def _probe(cluster: Cluster) -> Admission:
-    """One cheap, short request: does the cluster answer at all?"""
-    seconds = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
-    started = time.monotonic()
+def _probe(cluster: Cluster, *, cold: bool = False) -> Admission:
+    """One cheap, short request: does the cluster answer at all? The step runs in this delivery
+    when the answer comes within the wait; otherwise the probe's thread records the verdict and
+    the step comes back once the bound has passed."""
+    bound = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
+    # A wait as long as the bound waits for the verdict whatever it is (a second's grace for
+    # the thread to hand it back).
+    wait = min(bound + 1.0, _setting("PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS", PROBE_WAIT_SECONDS))
+    run = ProbeRun(provider_for(cluster).api, bound, label=cluster.name).start()
+    result = run.result(wait)
+    if result is None:
+        if cold:
+            _mark_probing(cluster.pk)  # the cluster's other steps wait for this verdict
+        result = run.hand_off(partial(_record_on_probe_thread, cluster.pk, cluster.name, bound))
+        if result is None:
+            log.info("circuit probe goes on without the worker", extra={"cluster": cluster.name})
+            until = db_now() + timedelta(seconds=bound + random.uniform(0.2, 1.0))
+            return Admission(
+                False, until=until, note=f"deferred: cluster {cluster.name} is being probed"
+            )
+    if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
+        raise result.error
+    return _verdict(cluster.pk, cluster.name, bound, result)
+
+
+def _verdict(cluster_id: int, name: str, bound: float, result: ProbeResult) -> Admission:
+    """Record what the probe found; whether the step may run."""
+    if result.error is None:
+        log.info("circuit probe answered", extra={"cluster": name})
+        breaker = CircuitBreaker.objects.filter(pk=cluster_id).first()
+        circuit_record_success(cluster_id=cluster_id, breaker=breaker, now=db_now())
+        return Admission(True, probe=True)
+    error = classify("probe", result.error)
+    log.info("circuit probe failed", extra={"cluster": name, "error": str(error)})
+    circuit_record_failure(
+        cluster_id=cluster_id,
+        error=str(error),
+        now=db_now(),
+        seconds=result.seconds,
+        # No answer within the probe's whole bound: the host is silent, and every step
+        # sent to it would cost a request timeout, however short the bound was set.
+        costly=result.seconds >= bound * 0.9,
+    )
+    reopened = CircuitBreaker.objects.filter(pk=cluster_id).values_list("retry_at", flat=True)
+    return Admission(False, until=reopened.first() or db_now())
+
+
+def _record_on_probe_thread(cluster_id: int, name: str, bound: float, result: ProbeResult) -> None:
+    """The verdict of a probe the delivery did not wait for, written from the probe's thread
+    (with a database connection of its own, closed after)."""
     try:
-        provider_for(cluster).api.version(deadline=Deadline(seconds))
-    except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
-        error = classify("probe", err)
-        log.info("circuit probe failed", extra={"cluster": cluster.name, "error": str(error)})
-        held = time.monotonic() - started
-        circuit_record_failure(
-            cluster_id=cluster.pk,
-            error=str(error),
-            now=db_now(),
-            seconds=held,
-            # No answer within the probe's whole bound: the host is silent, and every step
-            # sent to it would cost a request timeout, however short the bound was set.
-            costly=held >= seconds * 0.9,
-        )
-        reopened = CircuitBreaker.objects.filter(pk=cluster.pk).values_list("retry_at", flat=True)
-        return Admission(False, until=reopened.first() or db_now())
-    log.info("circuit probe answered", extra={"cluster": cluster.name})
-    breaker = CircuitBreaker.objects.filter(pk=cluster.pk).first()
-    circuit_record_success(cluster_id=cluster.pk, breaker=breaker, now=db_now())
-    return Admission(True, probe=True)
+        if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
+            # A bug, not the cluster: the breaker stays half open until PROBE_LOST_SECONDS pass
+            # and another delivery probes again.
+            log.error("circuit probe broke", exc_info=result.error, extra={"cluster": name})
+            return
+        _verdict(cluster_id, name, bound, result)
+    except Exception:
+        log.exception("circuit probe verdict not recorded", extra={"cluster": name})
+    finally:
+        connections.close_all()
+
+
+def _mark_probing(cluster_id: int) -> None:
+    """A cold cluster's probe outlived the delivery's wait: half open, so the cluster's other
+    steps wait for its verdict rather than send probes of their own."""
+    now = db_now()
+    try:
+        with transaction.atomic():
+            CircuitBreaker.objects.get_or_create(pk=cluster_id)
+    except IntegrityError:
+        pass  # created concurrently
+    CircuitBreaker.objects.filter(pk=cluster_id, state=CircuitState.CLOSED).update(
+        state=CircuitState.HALF_OPEN,
+        retry_at=now + timedelta(seconds=PROBE_LOST_SECONDS),
+        changed_at=now,
+    )
 
 
 def circuit_record_failure(
@@ -158,7 +217,9 @@ def circuit_record_failure(
         if reopen or (
             breaker.state == CircuitState.CLOSED and (breaker.failures >= threshold or costly)
         ):
-            interval = min(cap, max(first, breaker.open_seconds) * 2) if reopen else first
+            # Doubled after each failed probe; a cold cluster's first probe (half open without
+            # ever having been open) opens for the first interval.
+            interval = min(cap, max(first, breaker.open_seconds * 2)) if reopen else first
             breaker.state = CircuitState.OPEN
             breaker.open_seconds = interval
             breaker.opened_at = breaker.opened_at if reopen else now

@@ -103,7 +103,7 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
             breaker = _breaker_now(op)
     if not admission.allowed:
         note = f"deferred: cluster {op.cluster.name if op.cluster else '?'} is unreachable"
-        note = f"{note}; {breaker.last_error if breaker else ''}"
+        note = admission.note or f"{note}; {breaker.last_error if breaker else ''}"
         if breaker is not None and breaker.state == CircuitState.CLOSED:
             # A probe was refused, the breaker not yet open: back off as a failed step would.
             _defer(op, claim, now, policy.backoff(breaker.failures), note=note)
@@ -172,7 +172,7 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
         # The task's time limit, raised inside a request that got no answer (with
         # requestTimeoutSeconds 0 nothing else bounds it): the cluster's slowness, not a bug.
         log.warning("step stopped by its time limit", extra={"operation": str(op.pk)})
-        error = TransientError(
+        slow = TransientError(
             f"step {stage} ran past its task time limit waiting for Proxmox",
             remediation="check that the cluster answers; a requestTimeoutSeconds above 0 "
             "ends such a request sooner",
@@ -180,7 +180,7 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
             # Not tried again in place (the hard limit follows), and counted by the breaker.
             unreachable=True,
         )
-        return Outcome(StepResult("error", dict(progress), stage, error=error), dict(progress))
+        return Outcome(StepResult("error", dict(progress), stage, error=slow), dict(progress))
     except Exception as err:  # a bug: it will not heal by itself, so it ends the operation
         log.exception("step failed unexpectedly", extra={"operation": str(op.pk)})
         error = PermanentError(

@@ -272,6 +272,9 @@ PROXYHUB_CIRCUIT_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_OPEN_SECONDS", defau
 PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS = env.float("PROXYHUB_CIRCUIT_MAX_OPEN_SECONDS", default=120.0)
 # When the breaker's time is up, one cheap request bounded by this many seconds probes the cluster.
 PROXYHUB_CIRCUIT_PROBE_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_SECONDS", default=3.0)
+# How long the probing delivery waits for the probe's answer before it defers its step and
+# leaves the verdict to the probe's own thread (a silent cluster then costs a worker this much).
+PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS", default=0.5)
 # Reconcile and GC rounds stop starting new work after the deadline; their tasks' time limits
 # follow it. Their job lease is short and renewed while the round runs, so a round killed with
 # its worker frees its job within one lease length (system check proxyhub.E002).

@@ -25,3 +25,9 @@ SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
 # Process-local metrics, so one test's counters are not another process's files; a test that
 # wants the multiprocess mode sets PROMETHEUS_MULTIPROC_DIR itself.
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default="")
+
+# In-process service tests run inside one database transaction that a probe's own thread cannot
+# see, so the probing delivery waits for every verdict itself. The thread's path is tested with
+# a transactional database (tests/service/test_circuit.py) and by the real workers of the
+# integration tier, which run production settings.
+PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS", default=60.0)

@@ -337,3 +337,89 @@ def test_a_cold_cluster_that_answers_its_probe_runs_the_step_in_the_same_deliver
     op.refresh_from_db()
     assert op.state == OperationState.SUCCEEDED
     assert len(sim.engine.ledger.calls("GET", "GET /version")) == 1  # warm from then on
+
+
+class SlowButAlive:
+    """A cluster that answers every request, each after ``delay`` seconds."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self.inner, self.delay, self.calls = inner, delay, []  # type: ignore[var-annotated]
+
+    def send(self, call: Call, *, deadline: Any) -> Any:
+        self.calls.append(call.name)
+        effective(deadline).sleep(self.delay)
+        return self.inner.send(call, deadline=deadline)
+
+
+def _wait_for(condition: Any, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the probe's thread never recorded its verdict"
+        time.sleep(0.02)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_silent_clusters_probe_holds_the_worker_only_for_the_wait_and_records_from_its_thread(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], settings: Any
+) -> None:
+    """The probe's bound (1 s here) is longer than the delivery's wait (0.1 s): the delivery
+    defers its step and goes, the cluster is half open meanwhile (its other steps wait for this
+    probe rather than send their own), and the probe's thread opens the breaker when the bound
+    has passed without an answer."""
+    cluster, gone = dead
+    settings.PROXYHUB_CIRCUIT_PROBE_SECONDS = 1.0
+    settings.PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = 0.1
+    calls: list[str] = []
+
+    def silent(call: Call, *, deadline: Any) -> Any:
+        calls.append(call.name)
+        effective(deadline).sleep(30.0)
+        raise RequestTimeout(f"{call.method} {call.path}: no answer in time (read timed out)")
+
+    gone.send = silent  # type: ignore[method-assign]
+    first = pump.call(operations.proxy_create, spec=_spec(cluster, "quiet-1"))
+    second = pump.call(operations.proxy_create, spec=_spec(cluster, "quiet-2"))
+    by_op = {m.operation_id: m for m in pump.queue}
+    pump.queue.clear()
+    started = time.monotonic()
+    message = by_op[str(first.pk)]
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    held = time.monotonic() - started
+    assert held < 0.8, f"the delivery held the worker {held:.2f} s"
+    assert CircuitBreaker.objects.get(pk=cluster.pk).state == CircuitState.HALF_OPEN
+    first.refresh_from_db()
+    assert first.last_error == "deferred: cluster dead is being probed" and first.attempts == 0
+    # The cluster's other step waits for that verdict: no second probe.
+    message = by_op[str(second.pk)]
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    assert calls == ["version"]
+    _wait_for(lambda: CircuitBreaker.objects.get(pk=cluster.pk).state == CircuitState.OPEN)
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.failures == 1 and breaker.open_seconds == 0.5  # the first interval
+    assert "did not answer in time" in breaker.last_error
+    assert not Operation.objects.filter(steps__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_but_live_clusters_probe_closes_the_breaker_from_its_thread_and_the_step_runs(
+    pump: Pump, sim: Sim, dead: tuple[Cluster, Unreachable], settings: Any
+) -> None:
+    """A cluster that answers after the delivery's wait but within the probe's bound is alive:
+    the probe's thread records the answer, and the deferred step runs when it comes back."""
+    cluster, gone = dead
+    settings.PROXYHUB_CIRCUIT_PROBE_SECONDS = 1.0
+    settings.PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = 0.05
+    slow = SlowButAlive(gone.inner, delay=0.3)
+    gone.send = slow.send  # type: ignore[method-assign]
+    op = pump.call(operations.proxy_create, spec=_spec(cluster, "slowpoke"))
+    message = pump.queue.pop(0)
+    pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    op.refresh_from_db()
+    assert not op.steps.exists()  # deferred while the probe was out
+    _wait_for(lambda: CircuitBreaker.objects.get(pk=cluster.pk).state == CircuitState.CLOSED)
+    assert CircuitBreaker.objects.get(pk=cluster.pk).last_success_at is not None
+    gone.send = gone.inner.send  # type: ignore[method-assign]
+    pump.run(timeout=30)
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    assert slow.calls == ["version"]  # warm from the thread's verdict on: no second probe
