@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-long lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
+.PHONY: run test test-long test-real lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
 
 # PostgreSQL for the second run of the service tests (pytest-django creates test_<name>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -70,6 +70,13 @@ lane-wait: $(STAMP)
 test-long: $(STAMP)
 	PROXYHUB_STATEMACHINE=long $(BIN)/pytest tests/service/test_state_machine.py $(PYTEST_ARGS)
 	PROXYHUB_STATEMACHINE=long DATABASE_URL=$(PG_URL) $(BIN)/pytest tests/service/test_state_machine.py $(PYTEST_ARGS)
+
+# The provider's lifecycle (tests/real) against the real Proxmox VE the PROXMOX_TEST_* variables
+# name (docs/operator-guide.md, section 13); make test runs the same tests against the simulator.
+# Everything a run makes is named proxy-phtest-* and removed when each test ends.
+test-real: $(STAMP)
+	@test -n "$$PROXMOX_TEST_URL" || { echo "set PROXMOX_TEST_URL and the other PROXMOX_TEST_* variables (docs/operator-guide.md, section 13)" >&2; exit 2; }
+	$(BIN)/pytest tests/real -rs $(PYTEST_ARGS)
 
 # proxyhub on this machine: migrate SQLite, start the simulator and import its catalogue,
 # create the admin user and print its login, then web, a worker and Beat until Ctrl-C
