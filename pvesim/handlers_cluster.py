@@ -204,7 +204,8 @@ def cluster_nextid(ctx: Ctx) -> str:
             break
         candidate = vmid + 1
     if candidate >= upper:
-        raise SimError(500, f"unable to get any free VMID in range [{lower}, {upper - 1}]")
+        # pve-reference §5.1 prints the exclusive upper bound.
+        raise SimError(500, f"unable to get any free VMID in range [{lower}, {upper}]")
     return str(candidate)
 
 

@@ -115,6 +115,16 @@ def test_nextid_echoes_a_free_vmid_and_refuses_a_used_one(
     assert err.errors == {"vmid": "VM 101 already exists"}
 
 
+def test_nextid_exhausted_names_the_range_with_its_exclusive_upper_bound(
+    api: Api, engine: Any, api_error: Any
+) -> None:
+    """pve-reference §5.1: ``/cluster/nextid`` scans ``[lower, upper)`` and, exhausted, answers
+    500 ``unable to get any free VMID in range [<lower>, <upper>]`` with the exclusive bound."""
+    engine.cluster.nextid_range = (100, 103)  # 100, 101 and 102 are taken in the default state
+    err = api_error(lambda: api.cluster_nextid())
+    assert (err.status, err.message) == (500, "unable to get any free VMID in range [100, 103]")
+
+
 def test_a_container_is_readable_and_foreign_to_qemu_endpoints(
     raw: Any, api: Api, api_error: Any
 ) -> None:
