@@ -21,8 +21,10 @@ WORKDIR /app
 
 # Dependencies first, so a code change does not reinstall them. Every pin has a wheel for
 # linux/amd64 and arm64 (psycopg[binary], cryptography), so no compiler is needed.
-COPY requirements.txt .
+COPY requirements.txt requirements-otel.txt ./
 RUN pip install -r requirements.txt
+# The tracing extra: off unless OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/operator-guide.md, 14).
+RUN pip install -r requirements-otel.txt
 
 COPY . .
 

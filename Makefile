@@ -11,7 +11,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/test
 FAST   := -m "not integration and not e2e"
 
 # The venv is rebuilt whenever a requirements file changes.
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt requirements-otel.txt
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements-dev.txt

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 
 from provisioning.services import driver, sweeper
 from provisioning.services import gc as gc_service
 from provisioning.services import reconcile as reconcile_service
-from provisioning.services.dispatch import GC_TASK, RECONCILE_TASK, STEP_TASK, SWEEP_TASK
+from provisioning.services.dispatch import (
+    GC_TASK,
+    RECONCILE_TASK,
+    STEP_TASK,
+    SWEEP_TASK,
+    TRACE_HEADER,
+)
 from provisioning.services.leases import LeaseHeld
 from provisioning.services.rounds import round_timing
 
@@ -26,6 +32,7 @@ _ROUNDS = round_timing()
 
 
 @shared_task(
+    bind=True,
     name=STEP_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
@@ -33,15 +40,19 @@ _ROUNDS = round_timing()
     soft_time_limit=120,
     time_limit=180,
 )
-def run_step(operation_id: str, token: str) -> None:
+def run_step(self: Task, operation_id: str, token: str) -> None:
     """One step of one operation (services.driver); duplicates exit as no-ops.
 
     A database that goes away mid-step (a restart, a failover) is not this step's failure:
     the claim it took expires and the sweeper sends the step again, so it is logged as a
     warning rather than raised as a task error.
     """
+    # The operation's trace context, as dispatch.send_step put it in the message's headers.
+    # (Celery puts a custom header on the request itself; older clients nest them in headers.)
+    headers = self.request.get("headers") or {}
+    trace_parent = str(self.request.get(TRACE_HEADER) or headers.get(TRACE_HEADER) or "")
     try:
-        driver.operation_run_step(operation_id=operation_id, token=token)
+        driver.operation_run_step(operation_id=operation_id, token=token, trace_parent=trace_parent)
     except (OperationalError, InterfaceError) as err:
         log.warning(
             "database unavailable during a step; the sweeper sends it again",

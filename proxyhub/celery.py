@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import setup_logging, worker_init
 from django.core import checks
 
 from proxyhub.settings import select_default_settings_module
@@ -33,6 +33,15 @@ _VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")
 
 # Redelivery must wait this many times the longest a message can legitimately stay unacked.
 VISIBILITY_MARGIN = 4
+
+
+@worker_init.connect
+def _configure_tracing(**_: Any) -> None:
+    """Workers send spans when tracing is on (proxyhub.tracing). Set up once in the main
+    process: the SDK's batch processor starts its thread again in each forked pool process."""
+    from proxyhub.tracing import configure_tracing
+
+    configure_tracing("proxyhub-worker")
 
 
 @setup_logging.connect

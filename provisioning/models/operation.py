@@ -8,6 +8,7 @@ message was lost, so a lost message delays work and never loses it (DESIGN.md §
 
 from __future__ import annotations
 
+import secrets
 import uuid
 
 from django.conf import settings
@@ -17,6 +18,15 @@ from django.utils import timezone
 from .catalogue import Cluster
 from .choices import ErrorClass, OperationKind, OperationState, RequestedVia, StepState
 from .proxy import Proxy
+
+
+def new_trace_parent() -> str:
+    """A W3C ``traceparent`` reserved for the operation's span: a new trace id and span id.
+
+    Every step of the operation, on whichever worker, is traced as a child of this span, and
+    the operation's own span is recorded with these ids when it ends (services.tracing). The
+    ids are random and say nothing about the operation; with tracing off nobody reads them."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
 class Operation(models.Model):
@@ -64,6 +74,7 @@ class Operation(models.Model):
 
     # Set from the database's clock by the services (services.clock): ages and ceilings are
     # measured against it, whichever host created the operation.
+    trace_parent = models.CharField(max_length=55, default=new_trace_parent, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

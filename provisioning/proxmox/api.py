@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, ConnectFailed, ProxmoxError, ReplyLost, RequestTimeout, classify
+from .spans import RequestSpan, request_span
 
 log = logging.getLogger("proxyhub.proxmox.api")
 
@@ -217,6 +218,10 @@ class Api:
                     self._sleep(pause)
 
     def _send_once(self, call: Call, deadline: Deadline | None) -> Response:
+        with request_span(call, self.label) as span:
+            return self._send_traced(call, deadline, span)
+
+    def _send_traced(self, call: Call, deadline: Deadline | None, span: RequestSpan) -> Response:
         started = time.monotonic()
         ids = {k: call.path_params[k] for k in _LOGGED_PATH_KEYS if k in call.path_params}
         if log.isEnabledFor(logging.DEBUG):
@@ -243,6 +248,7 @@ class Api:
                 fields["cluster"] = self.label
             fields["transient"] = classify(call.name, exc).kind == "transient"
             log.info("proxmox api call failed", extra=fields)
+            span.failed(exc, exc.status if isinstance(exc, ApiError) else None)
             raise
         fields = {
             "call": call.name,
@@ -255,6 +261,7 @@ class Api:
         if isinstance(response.data, str) and response.data.startswith("UPID:"):
             fields["upid"] = response.data
         log.info("proxmox api call", extra=fields)
+        span.answered(response.status, fields.get("upid"))
         return response
 
     def _data(self, call: Call, deadline: Deadline | None) -> Any:

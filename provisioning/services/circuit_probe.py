@@ -23,6 +23,8 @@ from provisioning.proxmox.api import Api
 from provisioning.proxmox.deadline import Cancelled, Deadline, DeadlineExceeded
 from provisioning.proxmox.errors import ProxmoxError
 
+from .tracing import probe_span
+
 # What a probe may meet that says something about the cluster; anything else is a bug.
 PROBE_FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 
@@ -41,6 +43,7 @@ class ProbeRun:
     def __init__(self, api: Api, bound: float, *, label: str = "") -> None:
         self._api = api
         self._bound = bound
+        self._label = label
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._result: ProbeResult | None = None
@@ -72,7 +75,8 @@ class ProbeRun:
         started = time.monotonic()
         error: BaseException | None = None
         try:
-            self._api.version(deadline=Deadline(self._bound))
+            with probe_span(self._label):
+                self._api.version(deadline=Deadline(self._bound))
         except BaseException as err:  # handed to whoever takes the result
             error = err
         result = ProbeResult(error, time.monotonic() - started)

@@ -24,8 +24,16 @@ STEP_QUEUE = "provisioning"
 CONTROL_QUEUE = "control"
 
 
-def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
-    """Send the message for an operation's next step now (callers use ``send_after_commit``)."""
+# The message header that carries the operation's trace context (services.tracing).
+TRACE_HEADER = "traceparent"
+
+
+def send_step(
+    operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+) -> None:
+    """Send the message for an operation's next step now (callers use ``send_after_commit``).
+    ``trace_parent`` is the operation's reserved trace context: its steps' spans, on whichever
+    worker, become children of the operation's span."""
     from celery import current_app
 
     current_app.send_task(
@@ -33,9 +41,12 @@ def send_step(operation_id: str, token: str, countdown: float = 0.0) -> None:
         kwargs={"operation_id": operation_id, "token": token},
         countdown=max(0.0, countdown),
         queue=STEP_QUEUE,
+        headers={TRACE_HEADER: trace_parent} if trace_parent else None,
     )
 
 
-def send_after_commit(operation_id: str, token: str, countdown: float = 0.0) -> None:
+def send_after_commit(
+    operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+) -> None:
     """Send the step once the surrounding transaction commits (at once outside a transaction)."""
-    transaction.on_commit(lambda: send_step(operation_id, token, countdown))
+    transaction.on_commit(lambda: send_step(operation_id, token, countdown, trace_parent))

@@ -47,7 +47,7 @@ from provisioning.models.choices import (
 from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
 from provisioning.proxmox.steps import StepResult
 
-from . import circuit, claims, dispatch, leases, policy
+from . import circuit, claims, dispatch, leases, policy, tracing
 from .clock import db_now
 from .journal import journal_step
 from .runners import POWER_KINDS, Outcome, run_step
@@ -62,8 +62,9 @@ LEASE_WAIT_SECONDS = 2.0
 IN_PLACE_PAUSE_SECONDS = 0.1
 
 
-def operation_run_step(*, operation_id: str, token: str) -> None:
-    """Run at most one step of the operation; see the module docstring."""
+def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "") -> None:
+    """Run at most one step of the operation; see the module docstring. ``trace_parent`` is the
+    trace context the message carried (services.tracing); the operation's row has it too."""
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:
@@ -116,8 +117,12 @@ def operation_run_step(*, operation_id: str, token: str) -> None:
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
         return
     started = time.monotonic()
-    with claims.claim_renewed(operation_id=str(op.pk), claim=claim):
+    with (
+        claims.claim_renewed(operation_id=str(op.pk), claim=claim),
+        tracing.step_span(op, trace_parent) as span,
+    ):
         outcome = _attempt(op)
+        span.ended(outcome)
     seconds = time.monotonic() - started
     _persist(op, claim, outcome, db_now(), seconds)
     _record_reachability(op, outcome, breaker, seconds)
@@ -246,7 +251,7 @@ def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "
         updates["last_error"] = note
     with transaction.atomic():
         if Operation.objects.filter(pk=op.pk, claim_token=claim).update(**updates):
-            dispatch.send_after_commit(str(op.pk), token, delay)
+            dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
 
 
 def _record_reachability(
@@ -271,6 +276,7 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
     result = outcome.result
     token = ""
     delay = 0.0
+    finished = False
     with transaction.atomic():
         if op.proxy_id is not None:
             # Lock order: the proxy row first, then its operations, as the intent services
@@ -331,7 +337,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
             if outcome.delete_proxy and updates["state"] == OperationState.SUCCEEDED:
                 Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
     if token:
-        dispatch.send_after_commit(str(op.pk), token, delay)
+        dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
+    elif finished:
+        state = str(updates["state"])
+        transaction.on_commit(lambda: tracing.operation_span_end(op, state, now))
 
 
 def _on_error(

@@ -15,6 +15,7 @@ import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
@@ -36,7 +37,7 @@ from provisioning.models.choices import (
 from provisioning.proxmox.errors import PermanentError
 from provisioning.proxmox.placement import resolve_machine_type, resolve_template, resolve_zone
 
-from . import dispatch, policy
+from . import dispatch, policy, tracing
 from .clock import db_now
 
 if TYPE_CHECKING:
@@ -419,7 +420,7 @@ def _new_operation(**fields: Any) -> Operation:
     )
     if op.proxy_id is not None:
         Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
-    dispatch.send_after_commit(str(op.pk), op.dispatch_token)
+    dispatch.send_after_commit(str(op.pk), op.dispatch_token, trace_parent=op.trace_parent)
     return op
 
 
@@ -451,12 +452,16 @@ def _supersede(
     """End unfinished older operations of the given kinds: the newer intent wins. A step such an
     operation is running right now finishes, but its result is not applied (see the driver),
     and the new operation waits for the proxy's lease until that step is done."""
-    _active(proxy).filter(kind__in=list(kinds)).update(
+    ended = list(_active(proxy).filter(kind__in=list(kinds)).select_related("cluster"))
+    now = db_now()
+    _active(proxy).filter(pk__in=[op.pk for op in ended]).update(
         state=OperationState.FAILED,
         last_error=f"superseded by {by}",
-        finished_at=db_now(),
+        finished_at=now,
         next_step_at=None,
     )
+    for op in ended:
+        transaction.on_commit(partial(tracing.operation_span_end, op, OperationState.FAILED, now))
 
 
 def _past_ceiling(op: Operation) -> bool:

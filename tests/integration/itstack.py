@@ -611,8 +611,15 @@ class Stack:
             text=True,
         )
 
-    def worker(self, name: str, *, concurrency: int = 2, unset: Iterable[str] = ()) -> Worker:
-        env = self.child_env(unset=unset)
+    def worker(
+        self,
+        name: str,
+        *,
+        concurrency: int = 2,
+        unset: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> Worker:
+        env = self.child_env(env, unset=unset)
         worker = Worker(name, concurrency, env, self.logdir / f"worker-{name}.log")
         self.workers.append(worker)
         return worker.start()

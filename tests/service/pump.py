@@ -129,6 +129,7 @@ class _Message:
     seq: int
     operation_id: str = field(compare=False)
     token: str = field(compare=False)
+    trace_parent: str = field(compare=False, default="")
 
 
 class Pump:
@@ -139,10 +140,12 @@ class Pump:
         self.delivered = 0
         self._seq = itertools.count()
 
-    def send(self, operation_id: str, token: str, countdown: float = 0.0) -> None:
+    def send(
+        self, operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+    ) -> None:
+        due = time.monotonic() + max(0.0, countdown)
         heapq.heappush(
-            self.queue,
-            _Message(time.monotonic() + max(0.0, countdown), next(self._seq), operation_id, token),
+            self.queue, _Message(due, next(self._seq), operation_id, token, trace_parent)
         )
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -162,7 +165,10 @@ class Pump:
             if pause > 0:
                 time.sleep(pause)
             self.call(
-                driver.operation_run_step, operation_id=message.operation_id, token=message.token
+                driver.operation_run_step,
+                operation_id=message.operation_id,
+                token=message.token,
+                trace_parent=message.trace_parent,
             )
             count += 1
         self.delivered += count

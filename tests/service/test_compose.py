@@ -19,7 +19,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
-LONG_RUNNING = ("postgres", "redis", "web", "worker", "beat", "pvesim")
+LONG_RUNNING = ("postgres", "redis", "web", "worker", "beat", "pvesim", "jaeger")
 ONE_SHOT = ("migrate", "pvesim-import")
 APP_SERVICES = ("migrate", "web", "worker", "beat", "pvesim-import")
 # Environment variable names whose values are secrets or carry one (a URL with a password).
@@ -133,12 +133,24 @@ def test_the_simulator_is_optional_and_shares_its_files(services: dict[str, Any]
     assert services["pvesim"]["profiles"] == ["sim"]
     assert services["pvesim-import"]["profiles"] == ["sim"]
     for name in (*LONG_RUNNING, "migrate"):
-        if name != "pvesim":
+        if name not in ("pvesim", "jaeger"):
             assert "profiles" not in services[name], f"{name} must start without a profile"
     assert "pvesim:/pvesim" in services["pvesim"]["volumes"]
     # Workers read the simulator's token and CA; nothing but the simulator may change them.
     for name in ("web", "worker", "beat", "pvesim-import"):
         assert "pvesim:/pvesim:ro" in services[name]["volumes"], name
+
+
+def test_tracing_is_an_optional_profile_that_only_listens_on_loopback(
+    services: dict[str, Any],
+) -> None:
+    """Jaeger starts only with ``--profile tracing``; its UI is published on 127.0.0.1 only, and
+    its OTLP port only inside the compose network, where the workers send spans."""
+    jaeger = services["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]
+    assert jaeger["ports"] == ["127.0.0.1:16686:16686"]
+    assert ":" in jaeger["image"] and not jaeger["image"].endswith(":latest")
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in (services["worker"].get("environment") or {})
 
 
 def test_settings_come_from_env_file_not_the_compose_file(services: dict[str, Any]) -> None:
@@ -172,6 +184,7 @@ def test_dockerfile_builds_a_non_root_gunicorn_image() -> None:
     ]
     assert lines[0] == "FROM python:3.11-slim"
     assert "RUN pip install -r requirements.txt" in lines
+    assert "RUN pip install -r requirements-otel.txt" in lines  # tracing, off until configured
     assert any("manage.py collectstatic --noinput" in line for line in lines)
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0")
@@ -214,7 +227,11 @@ def compose_project(tmp_path: Path) -> Path:
     reason="no docker-compose binary on PATH (Debian package docker-compose); "
     "the YAML checks above still ran",
 )
-@pytest.mark.parametrize("profile", [[], ["--profile", "sim"]], ids=["default", "sim"])
+@pytest.mark.parametrize(
+    "profile",
+    [[], ["--profile", "sim"], ["--profile", "tracing"]],
+    ids=["default", "sim", "tracing"],
+)
 def test_docker_compose_accepts_the_file(compose_project: Path, profile: list[str]) -> None:
     result = subprocess.run(
         ["docker-compose", *profile, "-f", "docker-compose.yml", "config", "-q"],
