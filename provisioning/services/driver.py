@@ -172,7 +172,7 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
         raise  # the database, not the step: the task leaves the claim to expire
     except ClassifiedError as err:  # an expected failure outside the provider (placement, ...)
         log.info("step failed", extra={"operation": str(op.pk), "error": str(err)})
-        return Outcome(StepResult("error", dict(progress), stage, error=err), dict(progress))
+        return _error_outcome(progress, stage, err)
     except SoftTimeLimitExceeded:
         # The task's time limit, raised inside a request that got no answer (with
         # requestTimeoutSeconds 0 nothing else bounds it): the cluster's slowness, not a bug.
@@ -185,7 +185,7 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
             # Not tried again in place (the hard limit follows), and counted by the breaker.
             unreachable=True,
         )
-        return Outcome(StepResult("error", dict(progress), stage, error=slow), dict(progress))
+        return _error_outcome(progress, stage, slow)
     except Exception as err:  # a bug: it will not heal by itself, so it ends the operation
         log.exception("step failed unexpectedly", extra={"operation": str(op.pk)})
         error = PermanentError(
@@ -194,7 +194,12 @@ def _run_guarded(op: Operation, progress: dict[str, Any]) -> Outcome:
             "retry the operation once it is fixed",
             op=str(op.kind),
         )
-        return Outcome(StepResult("error", dict(progress), stage, error=error), dict(progress))
+        return _error_outcome(progress, stage, error)
+
+
+def _error_outcome(progress: dict[str, Any], stage: str, error: ClassifiedError) -> Outcome:
+    """A step that ended in ``error`` without moving its record on."""
+    return Outcome(StepResult("error", dict(progress), stage, error=error), dict(progress))
 
 
 def _gave_up(op: Operation, why: str) -> Outcome:
@@ -205,7 +210,7 @@ def _gave_up(op: Operation, why: str) -> Outcome:
         remediation="fix the cause, then retry the proxy (Provision or retry)",
         op=str(op.kind),
     )
-    return Outcome(StepResult("error", dict(op.progress), stage, error=error), dict(op.progress))
+    return _error_outcome(dict(op.progress), stage, error)
 
 
 # --- deferral and the circuit breaker -------------------------------------------------------

@@ -23,6 +23,7 @@ from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.api import Api, Call
 from provisioning.proxmox.budgets import Budgets
 from provisioning.services import driver
+from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
 from tests.support.simtransport import SimTransport
@@ -121,6 +122,21 @@ def sim(settings: Any) -> Iterator[Sim]:
         lambda config: HookedTransport(engine, hooks, after), budgets=Budgets(poll_interval=0.02)
     ):
         yield Sim(engine, make_cluster(), hooks, after)
+
+
+def proxy_spec(sim: Sim, name: str, **kwargs: Any) -> ProxySpec:
+    """A proxy on the simulator's cluster, node pve1, its small machine type and debian-13;
+    ``kwargs`` override any field (``cloud_init`` defaults to a bare ``#cloud-config``)."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "cluster": sim.cluster,
+        "machine_type": "small",
+        "image": "debian-13",
+        "zone": "pve1",
+        "cloud_init": b"#cloud-config\n",
+    }
+    fields.update(kwargs)
+    return ProxySpec(**fields)
 
 
 @dataclass(order=True)

@@ -22,7 +22,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission
 from django.contrib.messages import get_messages
 from django.test import Client, TestCase
-from pump import Pump, Sim
+from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Proxy
 from provisioning.services import operations
@@ -113,16 +113,7 @@ def messages_of(response: Any) -> list[str]:
 
 
 def spec(sim: Sim, name: str, **kwargs: Any) -> ProxySpec:
-    fields: dict[str, Any] = {
-        "name": name,
-        "cluster": sim.cluster,
-        "machine_type": "small",
-        "image": "debian-13",
-        "zone": "pve1",
-        "cloud_init": CLOUD_INIT.encode(),
-    }
-    fields.update(kwargs)
-    return ProxySpec(**fields)
+    return proxy_spec(sim, name, **{"cloud_init": CLOUD_INIT.encode(), **kwargs})
 
 
 def running(pump: Pump, sim: Sim, *names: str, **kwargs: Any) -> list[Proxy]:

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.util._once import Once
-from pump import Pump, Sim
+from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation
 from provisioning.models.choices import OperationState
@@ -66,16 +66,7 @@ def spans(exporter: InMemorySpanExporter) -> Iterator[InMemorySpanExporter]:
 
 
 def _spec(sim: Sim, name: str = "traced", **kwargs: Any) -> ProxySpec:
-    fields: dict[str, Any] = {
-        "name": name,
-        "cluster": sim.cluster,
-        "machine_type": "small",
-        "image": "debian-13",
-        "zone": "pve1",
-        "cloud_init": CANARY,
-    }
-    fields.update(kwargs)
-    return ProxySpec(**fields)
+    return proxy_spec(sim, name, **{"cloud_init": CANARY, **kwargs})
 
 
 def _trace_of(op: Operation, finished: tuple[ReadableSpan, ...]) -> list[ReadableSpan]:
