@@ -38,4 +38,6 @@ RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collects
 USER proxyhub
 
 EXPOSE 8000
-CMD ["gunicorn", "proxyhub.wsgi:application", "--bind", "0.0.0.0:8000", "--access-logfile", "-"]
+# gunicorn 27 opens a control socket under $HOME by default; the image's user has no home
+# to write to and nothing uses it.
+CMD ["gunicorn", "proxyhub.wsgi:application", "--bind", "0.0.0.0:8000", "--access-logfile", "-", "--no-control-socket"]

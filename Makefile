@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-long test-real lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
+.PHONY: run test test-long test-real audit lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
 
 # PostgreSQL for the second run of the service tests (pytest-django creates test_<name>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -77,6 +77,13 @@ test-long: $(STAMP)
 test-real: $(STAMP)
 	@test -n "$$PROXMOX_TEST_URL" || { echo "set PROXMOX_TEST_URL and the other PROXMOX_TEST_* variables (docs/operator-guide.md, section 13)" >&2; exit 2; }
 	$(BIN)/pytest tests/real -rs $(PYTEST_ARGS)
+
+# Every pin of the requirements files against published advisories (bin/audit, pip-audit). Exits
+# 0 clean, 1 with advisories, 2 when the vulnerability database could not be reached (it says
+# which packages went unchecked). Not part of make test: it needs the database's host.
+# docs/dependencies.md says when and how pins move.
+audit: $(STAMP)
+	$(BIN)/python bin/audit $(AUDIT_ARGS)
 
 # proxyhub on this machine: migrate SQLite, start the simulator and import its catalogue,
 # create the admin user and print its login, then web, a worker and Beat until Ctrl-C

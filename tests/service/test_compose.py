@@ -83,6 +83,7 @@ def test_commands_are_the_documented_ones(services: dict[str, Any]) -> None:
     web = command_of(services["web"])
     assert web[:2] == ["gunicorn", "proxyhub.wsgi:application"]
     assert web[web.index("--bind") + 1] == "0.0.0.0:8000"
+    assert "--no-control-socket" in web  # its default path is under a $HOME the user lacks
     # --quiet: no plain-text start-up banner among the JSON log lines on stdout.
     worker = command_of(services["worker"])
     assert worker[:5] == ["celery", "-A", "proxyhub", "--quiet", "worker"]
@@ -191,6 +192,7 @@ def test_dockerfile_builds_a_non_root_gunicorn_image() -> None:
     cmd = next(line for line in reversed(lines) if line.startswith("CMD "))
     assert cmd.startswith('CMD ["gunicorn", "proxyhub.wsgi:application"')
     assert '"0.0.0.0:8000"' in cmd
+    assert '"--no-control-socket"' in cmd
     # The secret key used for collectstatic must not stay in the image's environment.
     assert not any(line.startswith("ENV") and "SECRET" in line for line in lines)
 
