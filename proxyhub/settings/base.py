@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -133,6 +134,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    # Login throttling: failed logins are counted per username and client address, recorded
+    # (the admin's "Access attempts" and "Access failures"), and lock that pair out for a while.
+    "axes",
     "provisioning",
     "healthchecks",
 ]
@@ -147,6 +151,14 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with the lockout page.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes first: it refuses a locked-out login before the password is even checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 TEMPLATES = [
@@ -193,6 +205,19 @@ STORAGES = {
 # proxy's X-Forwarded-Proto (only when the proxy overwrites that header from clients), or let the
 # proxy redirect and set DJANGO_SECURE_SSL_REDIRECT=false.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+# Login throttling (django-axes): after PROXYHUB_LOGIN_FAILURE_LIMIT wrong passwords in a row for
+# one username from one address, that pair is refused for PROXYHUB_LOGIN_LOCKOUT_MINUTES, even
+# with the right password (a page says so and for how long); a success resets the count. Locking
+# the pair, not the username alone, keeps a stranger from locking an operator out. Unlock early
+# with `manage.py axes_reset_username USERNAME`. Behind a reverse proxy, the address is the
+# proxy's unless DJANGO_SECURE_PROXY_SSL_HEADER says the proxy is trusted (see AXES_IPWARE_*).
+AXES_FAILURE_LIMIT = env.int("PROXYHUB_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("PROXYHUB_LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True  # a row per refused login, for the audit
+AXES_LOCKOUT_CALLABLE = "proxyhub.lockout.locked_out"
+AXES_VERBOSE = False  # its own log lines are plain text; the refusal is recorded in the database
 if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # Probes and Prometheus talk to the process directly over the internal network, often by IP
