@@ -71,16 +71,17 @@ def test_create_runs_to_running_and_journals_every_step(pump: Pump, sim: Sim) ->
 def test_create_sends_its_first_step_only_after_commit(
     sim: Sim, django_capture_on_commit_callbacks: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[str, str]] = []
+    sent: list[tuple[str, str, str]] = []
     monkeypatch.setattr(
         "provisioning.services.dispatch.send_step",
-        lambda op, token, countdown=0.0: sent.append((op, token)),
+        lambda op, token, countdown=0.0, trace_parent="": sent.append((op, token, trace_parent)),
     )
     with django_capture_on_commit_callbacks(execute=False) as callbacks:  # type: ignore[operator]
         op = operations.proxy_create(spec=_spec(sim))
     assert sent == [] and len(callbacks) == 1
     callbacks[0]()
-    assert sent == [(str(op.pk), op.dispatch_token)]
+    # The message carries the operation's trace context (services.tracing).
+    assert sent == [(str(op.pk), op.dispatch_token, op.trace_parent)]
 
 
 def test_bad_placement_is_refused_and_nothing_written(sim: Sim) -> None:
