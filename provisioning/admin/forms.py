@@ -233,7 +233,8 @@ class BulkConfirmForm(forms.Form):
 
 # --- the catalogue ----------------------------------------------------------------------------
 
-_WIDE = forms.TextInput(attrs={"class": "vTextField", "style": "width: 36em"})
+# Wide for URLs and paths; the width is in admin.css (the CSP allows no style attribute).
+_WIDE = forms.TextInput(attrs={"class": "vTextField ph-wide"})
 
 
 class ClusterForm(forms.ModelForm):

@@ -137,6 +137,7 @@ INSTALLED_APPS = [
     # Login throttling: failed logins are counted per username and client address, recorded
     # (the admin's "Access attempts" and "Access failures"), and lock that pair out for a while.
     "axes",
+    "csp",  # django-csp's system checks of CONTENT_SECURITY_POLICY
     "provisioning",
     "healthchecks",
 ]
@@ -151,6 +152,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Content-Security-Policy on every response (CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it answers a locked-out login with the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -205,6 +208,24 @@ STORAGES = {
 # proxy's X-Forwarded-Proto (only when the proxy overwrites that header from clients), or let the
 # proxy redirect and set DJANGO_SECURE_SSL_REDIRECT=false.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+# Content-Security-Policy (django-csp): scripts, styles, images and fonts only from this site,
+# no inline script or style (the provisioning pages keep theirs in static files), no plugins,
+# no framing, forms only to this site. The admin works under it; the browser suite fails on any
+# violation it reports (tests/e2e/test_admin_browser.py).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
+}
 # Login throttling (django-axes): after PROXYHUB_LOGIN_FAILURE_LIMIT wrong passwords in a row for
 # one username from one address, that pair is refused for PROXYHUB_LOGIN_LOCKOUT_MINUTES, even
 # with the right password (a page says so and for how long); a success resets the count. Locking

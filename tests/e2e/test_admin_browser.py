@@ -114,9 +114,23 @@ def test_an_operator_runs_a_fleet_from_the_browser(
 ) -> None:
     page = browser_page
     console = Console(page, live_server.url, screenshot)
+    # Every page of the flow runs under the Content-Security-Policy: Chromium reports each
+    # thing it refused (an inline script or style, a foreign source) on the console.
+    refused: list[str] = []
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(f"{page.url}: {message.text}")
+            if "Content Security Policy" in message.text
+            else None
+        ),
+    )
 
     # Log in.
-    console.go("/admin/")
+    response = page.goto(live_server.url + "/admin/")
+    assert response is not None
+    policy = response.headers.get("content-security-policy", "")
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy
     screenshot(page, "01-login")
     page.fill("#id_username", "admin")
     page.fill("#id_password", "e2e-password-1")
@@ -238,3 +252,4 @@ def test_an_operator_runs_a_fleet_from_the_browser(
     console.wait_for_phases(lambda p: not p, "every proxy gone")
     screenshot(page, "18-proxies-gone")
     assert simulator.vms_named("proxy-e2e-") == []
+    assert refused == [], "the Content-Security-Policy refused:\n" + "\n".join(refused)
