@@ -13,18 +13,29 @@ that cloud-init, the token, the CA and upload bodies go nowhere holds for spans 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .api import Call
+from typing import Any, Protocol
 
 try:
     from opentelemetry import trace as _trace
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError:  # the optional extra is not installed
     _trace = None  # type: ignore[assignment]
+
+
+class TracedCall(Protocol):
+    """What a span reads of ``api.Call`` (a protocol, so this module imports nothing of it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def path_params(self) -> Mapping[str, str]: ...
+
 
 # Path parameters that identify what a request works on; the others (upid, volume) have
 # attributes of their own or are left out.
@@ -55,7 +66,7 @@ class RequestSpan:
 
 
 @contextmanager
-def request_span(call: Call, cluster: str) -> Iterator[RequestSpan]:
+def request_span(call: TracedCall, cluster: str) -> Iterator[RequestSpan]:
     if _trace is None:
         yield RequestSpan(None)
         return
