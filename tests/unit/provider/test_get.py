@@ -269,3 +269,14 @@ def test_every_get_and_the_calls_of_a_create_log_what_entry_20_names(
     assert world.provider.get(provider_id).state == "Stopped"  # decided by status/current
     (fetched,) = [r for r in caplog.records if r.getMessage() == "proxmox vm fetched"]
     assert (fetched.state, fetched.uid, fetched.vmid) == ("Stopped", req.uid, vmid)  # type: ignore[attr-defined]
+
+
+def test_get_with_a_node_hint_on_a_node_that_does_not_answer_is_transient(world: World) -> None:
+    """Entry 9's ``status: unknown`` row (a node that does not answer) decided without the
+    listing: the hinted node's config read fails, which is transient, never not-found."""
+    provider_id, _ = _running(world, "hinted-offline")
+    world.settle(30)
+    world.engine.control.node_offline("pve1")
+    with pytest.raises(TransientError) as caught:
+        world.provider.get(provider_id, node="pve1")
+    assert not isinstance(caught.value, NotFoundError)
