@@ -1,6 +1,7 @@
-"""Login throttling (issue 11, django-axes): wrong passwords in a row lock one username from one
-address out for a while, even with the right password; the page says so; each failure is a row
-an administrator can see; another address is not locked out."""
+"""Console sign-in (issue 11): login throttling with django-axes (wrong passwords in a row lock
+one username from one address out for a while, even with the right password; the page says so;
+each failure is a row an administrator can see; another address is not locked out), and the
+minimum password length."""
 
 from __future__ import annotations
 
@@ -65,3 +66,15 @@ def test_lockout_ends_after_its_cool_off(operator: User, settings: Any) -> None:
     assert _login(client, PASSWORD).status_code == 429
     AccessAttempt.objects.update(attempt_time=timezone.now() - timedelta(minutes=16))
     assert _login(client, PASSWORD).status_code == 302
+
+
+def test_a_console_password_needs_twelve_characters() -> None:
+    """Issue 11: the accounts of a console that can destroy VMs need passwords of 12 or more
+    characters; the refusal says how many."""
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError) as caught:
+        validate_password("Tr0ub4dor&3")  # 11 characters
+    assert "at least 12 characters" in " ".join(caught.value.messages)
+    validate_password("Tr0ub4dor&3x")  # 12: accepted
