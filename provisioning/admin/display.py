@@ -127,7 +127,8 @@ _VIA = {"admin": "console", "command": "command", "beat": "Beat"}
 def requested_by(op: Operation) -> str:
     """``olivia (console)``, or ``Beat`` for background work nobody asked for by hand."""
     via = _VIA.get(op.requested_via, op.requested_via)
-    user = op.requested_by.get_username() if op.requested_by else ""
+    # The text kept at the time, so a deleted user's operations still say who asked.
+    user = op.requested_by_name or (op.requested_by.get_username() if op.requested_by else "")
     return f"{user} ({via})" if user else via
 
 

@@ -42,6 +42,9 @@ class Operation(models.Model):
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
+    # Who asked, as text, kept when the user is deleted: the console user's name, or for a
+    # command the operating-system user who ran it (the audit needs both).
+    requested_by_name = models.CharField(max_length=150, blank=True)
     requested_via = models.CharField(
         max_length=16, choices=RequestedVia.choices, default=RequestedVia.COMMAND
     )

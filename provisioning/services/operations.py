@@ -9,9 +9,11 @@ delete wins over a create still running, for example.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import logging
+import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -400,11 +402,25 @@ def _start(
         # An authenticated user is an instance of AUTH_USER_MODEL (auth.User here); the stubs
         # type request.user as AbstractBaseUser and cannot know that.
         requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
+        requested_by_name=_requester_name(user, via),
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,
         reason=reason,
     )
+
+
+def _requester_name(user: User, via: str) -> str:
+    """Who asked, as text for the audit: the console user's name; for a command, the
+    operating-system user who ran it."""
+    if user is not None and user.is_authenticated:
+        return str(user.get_username())[:150]
+    if via == RequestedVia.COMMAND:
+        try:
+            return getpass.getuser()[:150]
+        except (KeyError, OSError):  # no name for this uid (a container's bare uid)
+            return f"uid {os.getuid()}"
+    return ""
 
 
 def _new_operation(**fields: Any) -> Operation:

@@ -293,3 +293,23 @@ def test_shutdown_stays_stopped_and_start_follows_the_boot(pump: Pump, sim: Sim)
     assert start.state == OperationState.SUCCEEDED
     assert proxy.phase == Phase.RUNNING and proxy.ip
     assert [s.name for s in start.steps.all()][-1] == "address"
+
+
+def test_who_asked_is_kept_as_text_when_the_user_is_deleted(pump: Pump, sim: Sim) -> None:
+    """Issue 11, audit: the journal says who asked even after that user is deleted, and a
+    command's operation names the operating-system user who ran it."""
+    import getpass
+
+    from django.contrib.auth.models import User
+
+    from provisioning.admin.display import requested_by
+
+    olivia = User.objects.create_user("olivia", password="x" * 12, is_staff=True)
+    op = pump.call(operations.proxy_create, spec=_spec(sim, "asked"), user=olivia, via="admin")
+    olivia.delete()
+    op.refresh_from_db()
+    assert op.requested_by is None and op.requested_by_name == "olivia"
+    assert requested_by(op) == "olivia (console)"
+    by_command = pump.call(operations.proxy_create, spec=_spec(sim, "scripted"))
+    assert by_command.requested_by_name == getpass.getuser()
+    assert requested_by(by_command) == f"{getpass.getuser()} (command)"
