@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -36,6 +37,7 @@ from django.db import IntegrityError, connections, transaction
 from provisioning.models import CircuitBreaker, CircuitState, Cluster
 from provisioning.proxmox.errors import classify
 
+from . import policy
 from .circuit_probe import PROBE_FAILURES, ProbeResult, ProbeRun
 from .clock import db_now
 from .providers import provider_for
@@ -67,28 +69,50 @@ def _setting(name: str, default: float) -> float:
 
 @dataclass(frozen=True)
 class Admission:
-    """Whether a step of the cluster may run now, and if not, until when it waits."""
+    """Whether a step of the cluster may run now, and if not, until when it waits (jitter
+    included) and what its journal says meanwhile (``note``; empty: nothing to say)."""
 
     allowed: bool
     until: datetime | None = None
+    # A probe answered in this call and closed the breaker (the caller's copy is stale).
     probe: bool = False
+    # Decided by the probe of a cold cluster, not by an open breaker (reconcile counts it apart).
+    cold: bool = False
     note: str = ""
 
 
 ALLOWED = Admission(True)
 
 
-def circuit_admit(*, cluster: Cluster, breaker: CircuitBreaker | None, now: datetime) -> Admission:
-    """Decide for one step of ``cluster``. ``breaker`` is the row as read with the operation
-    (``None`` when the cluster never failed), so a closed breaker costs no query."""
+def circuit_admit(
+    *,
+    cluster: Cluster,
+    breaker: CircuitBreaker | None,
+    now: datetime,
+    others_running: Callable[[], bool] = lambda: False,
+) -> Admission:
+    """Decide for one step (or reconcile's listing) of ``cluster``. ``breaker`` is the row as
+    read with the operation (``None`` when the cluster never failed), so a closed breaker of a
+    warm cluster costs no query.
+
+    A cluster that has not answered lately (``circuit_cold``) may have gone silent, and a
+    silent host holds a worker for a whole request timeout per request: it runs one step at a
+    time (``others_running`` says whether another of its steps runs now) and that step goes
+    only after a probe answered (``_probe``)."""
     if breaker is None or breaker.state == CircuitState.CLOSED:
-        return ALLOWED
+        if not circuit_cold(cluster=cluster, breaker=breaker, now=now):
+            return ALLOWED
+        if others_running():
+            return Admission(False, until=now + timedelta(seconds=random.uniform(0.5, 1.0)))
+        return _probe(cluster, cold=True)
+    unreachable = f"deferred: cluster {cluster.name} is unreachable; {breaker.last_error}"
     if breaker.retry_at is not None and breaker.retry_at > now:
         if breaker.state == CircuitState.HALF_OPEN:
             # Another delivery is probing: its verdict comes within the probe's bound, not at
             # the time after which a lost probe is given up.
-            return Admission(False, until=min(breaker.retry_at, now + _probe_wait()))
-        return Admission(False, until=breaker.retry_at)
+            until = min(breaker.retry_at, now + _probe_wait())
+            return Admission(False, until=_jittered(until), note=unreachable)
+        return Admission(False, until=_jittered(breaker.retry_at), note=unreachable)
     # Time for a probe (or the last probe never reported): one delivery wins it.
     won = CircuitBreaker.objects.filter(
         pk=cluster.pk, state=breaker.state, retry_at=breaker.retry_at
@@ -98,8 +122,13 @@ def circuit_admit(*, cluster: Cluster, breaker: CircuitBreaker | None, now: date
         changed_at=now,
     )
     if not won:
-        return Admission(False, until=now + _probe_wait())
+        return Admission(False, until=_jittered(now + _probe_wait()), note=unreachable)
     return _probe(cluster)
+
+
+def _jittered(until: datetime) -> datetime:
+    """Up to a second later, so the deferred steps of a cluster do not all come back at once."""
+    return until + timedelta(seconds=random.uniform(0.0, 1.0))
 
 
 def _probe_wait() -> timedelta:
@@ -108,22 +137,15 @@ def _probe_wait() -> timedelta:
     return timedelta(seconds=seconds + random.uniform(0.2, 1.0))
 
 
-def circuit_probe_cold(*, cluster: Cluster) -> Admission:
-    """Before the first step of a cold cluster (``circuit_cold``): the probe that lets it run.
-
-    A cold cluster may have gone silent since it last answered, and a step's first request to
-    a silent host waits out the whole request timeout (30 s by default) on a worker. The probe
-    waits ``PROXYHUB_CIRCUIT_PROBE_SECONDS`` at most, and the delivery only the short
-    ``PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS`` of it (``circuit_probe``); no answer in the whole
-    bound opens the breaker at once. A refusal counts as one failure in a row, as a step's
-    would."""
-    return _probe(cluster, cold=True)
-
-
 def _probe(cluster: Cluster, *, cold: bool = False) -> Admission:
     """One cheap, short request: does the cluster answer at all? The step runs in this delivery
     when the answer comes within the wait; otherwise the probe's thread records the verdict and
-    the step comes back once the bound has passed."""
+    the step comes back once the bound has passed.
+
+    For a ``cold`` cluster the probe waits ``PROXYHUB_CIRCUIT_PROBE_SECONDS`` at most instead of
+    a step's first request waiting out the whole request timeout (30 s by default); no answer
+    in the whole bound opens the breaker at once, and a refusal counts as one failure in a row,
+    as a step's would."""
     bound = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
     # A wait as long as the bound waits for the verdict whatever it is (a second's grace for
     # the thread to hand it back).
@@ -138,11 +160,15 @@ def _probe(cluster: Cluster, *, cold: bool = False) -> Admission:
             log.info("circuit probe goes on without the worker", extra={"cluster": cluster.name})
             until = db_now() + timedelta(seconds=bound + random.uniform(0.2, 1.0))
             return Admission(
-                False, until=until, note=f"deferred: cluster {cluster.name} is being probed"
+                False,
+                until=_jittered(until),
+                cold=cold,
+                note=f"deferred: cluster {cluster.name} is being probed",
             )
     if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
         raise result.error
-    return _verdict(cluster.pk, cluster.name, bound, result)
+    admission = _verdict(cluster.pk, cluster.name, bound, result)
+    return replace(admission, cold=cold)
 
 
 def _verdict(cluster_id: int, name: str, bound: float, result: ProbeResult) -> Admission:
@@ -163,8 +189,14 @@ def _verdict(cluster_id: int, name: str, bound: float, result: ProbeResult) -> A
         # sent to it would cost a request timeout, however short the bound was set.
         costly=result.seconds >= bound * 0.9,
     )
-    reopened = CircuitBreaker.objects.filter(pk=cluster_id).values_list("retry_at", flat=True)
-    return Admission(False, until=reopened.first() or db_now())
+    note = f"deferred: cluster {name} is unreachable; {error}"
+    breaker = CircuitBreaker.objects.get(pk=cluster_id)
+    if breaker.state == CircuitState.CLOSED:
+        # Refused, the breaker not yet open: back off as a failed step would.
+        return Admission(
+            False, until=db_now() + timedelta(seconds=policy.backoff(breaker.failures)), note=note
+        )
+    return Admission(False, until=_jittered(breaker.retry_at or db_now()), note=note)
 
 
 def _record_on_probe_thread(cluster_id: int, name: str, bound: float, result: ProbeResult) -> None:
@@ -187,11 +219,7 @@ def _mark_probing(cluster_id: int) -> None:
     """A cold cluster's probe outlived the delivery's wait: half open, so the cluster's other
     steps wait for its verdict rather than send probes of their own."""
     now = db_now()
-    try:
-        with transaction.atomic():
-            CircuitBreaker.objects.get_or_create(pk=cluster_id)
-    except IntegrityError:
-        pass  # created concurrently
+    _ensure_row(cluster_id)
     CircuitBreaker.objects.filter(pk=cluster_id, state=CircuitState.CLOSED).update(
         state=CircuitState.HALF_OPEN,
         retry_at=now + timedelta(seconds=PROBE_LOST_SECONDS),
@@ -247,11 +275,7 @@ def circuit_record_success(
     if fresh and not reopened and breaker is not None and breaker.failures == 0:
         return
     if breaker is None:
-        try:
-            with transaction.atomic():
-                CircuitBreaker.objects.get_or_create(pk=cluster_id)
-        except IntegrityError:
-            pass  # created concurrently
+        _ensure_row(cluster_id)
     updates: dict[str, object] = {
         "state": CircuitState.CLOSED,
         "failures": 0,
@@ -276,9 +300,14 @@ def circuit_cold(*, cluster: Cluster, breaker: CircuitBreaker | None, now: datet
 
 
 def _locked(cluster_id: int) -> CircuitBreaker:
+    _ensure_row(cluster_id)
+    return CircuitBreaker.objects.select_for_update().get(pk=cluster_id)
+
+
+def _ensure_row(cluster_id: int) -> None:
+    """The cluster's breaker row exists (a cluster that never failed has none)."""
     try:
         with transaction.atomic():
             CircuitBreaker.objects.get_or_create(pk=cluster_id)
     except IntegrityError:
         pass  # created concurrently
-    return CircuitBreaker.objects.select_for_update().get(pk=cluster_id)

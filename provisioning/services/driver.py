@@ -36,7 +36,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F
 
-from provisioning.models import CircuitBreaker, CircuitState, Operation, Proxy
+from provisioning.models import CircuitBreaker, Operation, Proxy
 from provisioning.models.choices import (
     ACTIVE_STATES,
     DesiredState,
@@ -82,36 +82,17 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     breaker = _breaker(op)
     admission = circuit.ALLOWED
     if op.cluster is not None:
-        admission = circuit.circuit_admit(cluster=op.cluster, breaker=breaker, now=now)
+        admission = circuit.circuit_admit(
+            cluster=op.cluster,
+            breaker=breaker,
+            now=now,
+            others_running=lambda: _another_step_running(op, now),
+        )
         if admission.probe:
             breaker = None  # the probe found the cluster answering and closed the breaker
-    cold = (
-        op.cluster is not None
-        and admission.allowed
-        and not admission.probe
-        and circuit.circuit_cold(cluster=op.cluster, breaker=breaker, now=now)
-    )
-    if cold:
-        # A cluster that has not answered lately may have gone silent, and a silent host
-        # holds a worker for a whole request timeout per request: it runs one step at a
-        # time, and that step goes only after a probe bounded by a few seconds answered.
-        if _another_step_running(op, now):
-            _defer(op, claim, now, random.uniform(0.5, 1.0))
-            return
-        assert op.cluster is not None
-        admission = circuit.circuit_probe_cold(cluster=op.cluster)
-        if not admission.allowed:
-            breaker = _breaker_now(op)
     if not admission.allowed:
-        note = f"deferred: cluster {op.cluster.name if op.cluster else '?'} is unreachable"
-        note = admission.note or f"{note}; {breaker.last_error if breaker else ''}"
-        if breaker is not None and breaker.state == CircuitState.CLOSED:
-            # A probe was refused, the breaker not yet open: back off as a failed step would.
-            _defer(op, claim, now, policy.backoff(breaker.failures), note=note)
-            return
-        until = admission.until or now
-        wait = max(0.0, (until - now).total_seconds()) + random.uniform(0.0, 1.0)
-        _defer(op, claim, now, wait, note=note)
+        wait = max(0.0, ((admission.until or now) - now).total_seconds())
+        _defer(op, claim, now, wait, note=admission.note)
         return
     if not leases.proxy_lease_take(operation=op):
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
@@ -224,11 +205,6 @@ def _breaker(op: Operation) -> CircuitBreaker | None:
         return op.cluster.circuit
     except ObjectDoesNotExist:
         return None
-
-
-def _breaker_now(op: Operation) -> CircuitBreaker | None:
-    """The cluster's breaker as it is now (after a probe wrote it)."""
-    return CircuitBreaker.objects.filter(pk=op.cluster_id).first()
 
 
 def _another_step_running(op: Operation, now: datetime) -> bool:

@@ -101,18 +101,11 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         return counts
     breaker = CircuitBreaker.objects.filter(pk=cluster.pk).first()
     now = db_now()
+    # A cluster that went silent would hold this worker for a whole request timeout on the
+    # listing; a cold one is probed first, which costs a few seconds and counts the failure.
     admission = circuit.circuit_admit(cluster=cluster, breaker=breaker, now=now)
     if not admission.allowed:
-        counts["circuit_open"] += len(proxies)
-        return counts
-    if (
-        not admission.probe
-        and circuit.circuit_cold(cluster=cluster, breaker=breaker, now=now)
-        and not circuit.circuit_probe_cold(cluster=cluster).allowed
-    ):
-        # The listing of a cluster that went silent would hold this worker for a whole
-        # request timeout; the probe held it a few seconds and counted the failure.
-        counts["unreachable"] += len(proxies)
+        counts["unreachable" if admission.cold else "circuit_open"] += len(proxies)
         return counts
     busy = set(
         Operation.objects.filter(
