@@ -99,7 +99,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
         node = resolve_zone(self.config, req.zone)
-        resolve_machine_type(self.config, req.machine_type)
+        machine = resolve_machine_type(self.config, req.machine_type)
         template_vmid = resolve_template(self.config, req.image)
 
         listing = self.api.cluster_resources(deadline=deadline)
@@ -149,7 +149,7 @@ class CreateMachine(StepMachine[CreateRequest]):
             if verdict.verdict in ("busy", "ours"):
                 return self._settle(req, progress, verdict, deadline)
 
-        template_node = self._check_template(req, template_vmid, by_vmid, deadline)
+        template_node = self._check_template(template_vmid, machine.disk_gib, by_vmid, deadline)
         first = int(progress.get("attempt") or 0) if recorded is not None else 0
         for attempt in range(first, MAX_ATTEMPTS):
             vmid = vmid_for(req.uid, attempt, self.config.vmid_min, self.config.vmid_max)
@@ -252,8 +252,8 @@ class CreateMachine(StepMachine[CreateRequest]):
 
     def _check_template(
         self,
-        req: CreateRequest,
         template_vmid: int,
+        disk_gib: int | None,
         by_vmid: Mapping[int, Mapping[str, Any]],
         deadline: Deadline | None,
     ) -> str:
@@ -267,8 +267,7 @@ class CreateMachine(StepMachine[CreateRequest]):
             )
         node = str(entry["node"])
         config = self.api.vm_config(node, template_vmid, deadline=deadline)
-        machine = resolve_machine_type(self.config, req.machine_type)
-        problem = template_problem(config, self.config, template_vmid, disk_gib=machine.disk_gib)
+        problem = template_problem(config, self.config, template_vmid, disk_gib=disk_gib)
         if problem:
             raise PermanentError(problem, remediation=TEMPLATE_REMEDIATION, op=OP)
         return node
