@@ -60,17 +60,19 @@ def remove_leftovers(api: Api, config: ProxmoxConfig, prefix: str) -> None:
                     log.warning(
                         "lifecycle cleanup could not delete a seed", extra={"error": str(err)}
                     )
-    left = _settled_leftovers(api, config, prefix)
+    left = settled_leftovers(api, config, prefix)
     if left:
         raise AssertionError(f"the lifecycle run left these on the cluster: {left}")
 
 
-def _settled_leftovers(api: Api, config: ProxmoxConfig, prefix: str) -> list[str]:
-    """``leftovers`` once the volume deletes (tasks) have had a moment to finish."""
-    left: list[str] = []
-    for _ in range(50):
-        left = leftovers(api, config, prefix)
-        if not left:
-            return left
+def settled_leftovers(
+    api: Api, config: ProxmoxConfig, prefix: str, seconds: float = 60.0
+) -> list[str]:
+    """``leftovers`` once deletes still running as tasks have had up to ``seconds`` to finish
+    (a real node's volume deletes and listing lag take longer than the simulator's)."""
+    end = time.monotonic() + seconds
+    left = leftovers(api, config, prefix)
+    while left and time.monotonic() < end:
         time.sleep(0.2)
+        left = leftovers(api, config, prefix)
     return left

@@ -23,7 +23,7 @@ from provisioning.proxmox.observe import Instance
 from provisioning.proxmox.power_checks import PowerRequest
 from provisioning.proxmox.seed import build_seed_iso, seed_iso_name
 from provisioning.proxmox.tasks import wait_task
-from tests.real.leftovers import leftovers, remove_leftovers
+from tests.real.leftovers import leftovers, remove_leftovers, settled_leftovers
 from tests.real.target import Target
 
 pytestmark = pytest.mark.usefixtures("cleanup")
@@ -128,10 +128,7 @@ def test_gc_finds_a_planted_orphan_vm_and_seed_and_removes_them(target: Target) 
     provider.delete(format_provider_id(vmid, name), uid=orphan_uid, deadline=Deadline(900))
     for s in seeds:
         api.delete_volume(s.node, config.iso_storage, s.volid)
-    deadline = time.monotonic() + 60
-    while leftovers(api, config, target.prefix):
-        assert time.monotonic() < deadline, leftovers(api, config, target.prefix)
-        time.sleep(0.5)
+    assert settled_leftovers(api, config, target.prefix) == []
 
 
 def test_cleanup_removes_what_a_run_that_failed_halfway_left(target: Target) -> None:
