@@ -32,8 +32,8 @@ COPY . .
 # Production's settings refuse to load without a secret key; this one exists only for this
 # command and is not in the image's environment.
 RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput \
-    && mkdir -p /app/var /pvesim \
-    && chown -R proxyhub:proxyhub /app/var /pvesim
+    && mkdir -p /app/var /etc/proxyhub/pvesim \
+    && chown -R proxyhub:proxyhub /app/var /etc/proxyhub/pvesim
 
 USER proxyhub
 

@@ -25,6 +25,24 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def credentials_dir(env: dict[str, str], var: Path, *, with_sim: bool) -> Path:
+    """Where clusters' token and CA files may be (issue 11): the caller's
+    PROXYHUB_CREDENTIALS_DIR, else the simulator's workdir, where its token and CA land. A
+    caller's directory that does not hold the simulator's files would only make the catalogue
+    import fail, so that is said before anything starts."""
+    sim_workdir = var / "pvesim"
+    given = env.get("PROXYHUB_CREDENTIALS_DIR")
+    if not given:
+        return sim_workdir
+    chosen = (REPO / given).resolve()
+    if with_sim and not sim_workdir.resolve().is_relative_to(chosen):
+        raise RunError(
+            f"PROXYHUB_CREDENTIALS_DIR={given} does not hold the simulator's token and CA "
+            f"({sim_workdir}); unset it, or pass --no-sim (RUN_ARGS=--no-sim)"
+        )
+    return chosen
+
+
 def run(args: argparse.Namespace) -> int:
     # Until supervise() takes over, SIGTERM unwinds like Ctrl-C, so a simulator already started
     # is stopped rather than orphaned.
@@ -35,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     # Not resolved: a venv's python is a symlink to the base interpreter.
     env = child_env(os.environ, Path(python).parent)
     env["PROXYHUB_VAR_DIR"] = str(var)  # the settings' state directory is this one
+    env["PROXYHUB_CREDENTIALS_DIR"] = str(credentials_dir(env, var, with_sim=not args.no_sim))
     check_port_free(args.web_port)
     clear_metrics(env, var)
 

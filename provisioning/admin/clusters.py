@@ -7,6 +7,12 @@ shows only the paths of the token and CA files, never what they hold.
 
 The provider cache is keyed on ``Cluster.updated_at`` (``services.providers``), so saving a
 child row through the inlines bumps it: the next step uses the edited catalogue.
+
+The endpoint (url, token file, CA file, TLS verification) decides where the API token is sent,
+so changing it needs ``provisioning.change_cluster_endpoint`` besides ``change_cluster``
+(issue 11): without it those fields are read-only (a POSTed value is ignored) and no cluster can
+be added. Saving a changed endpoint records the CA now in the CA file as the one trusted for the
+url; the page shows its fingerprint, never the CA.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import ngettext
 
 from provisioning.models import CircuitBreaker, Cluster, MachineType, Node, Proxy, Template
+from provisioning.services.credentials import ca_fingerprint_now, cluster_trust_ca
 
 from . import display, health, plans
-from .common import CHECK, GuardedActionsMixin
+from .common import CHANGE_ENDPOINT, CHECK, GuardedActionsMixin
 from .forms import (
     ClusterForm,
     MachineTypeForm,
@@ -75,6 +82,10 @@ def _count(model: type[Node] | type[Proxy], field: str = "cluster") -> Coalesce:
     return Coalesce(Subquery(rows, output_field=IntegerField()), Value(0))
 
 
+# What decides where the API token is sent (issue 11).
+ENDPOINT_FIELDS = ("url", "token_file", "ca_file", "insecure_skip_tls_verify")
+
+
 @admin.register(Cluster)
 class ClusterAdmin(GuardedActionsMixin):
     form = ClusterForm
@@ -91,15 +102,16 @@ class ClusterAdmin(GuardedActionsMixin):
     search_fields = ("name",)
     search_help_text = "Cluster name (part of it)"
     inlines = (NodeInline, TemplateInline, MachineTypeInline)
-    actions = ("check_now", "preflight")
+    actions = ("check_now", "preflight", "trust_ca")
     fieldsets = (
         (None, {"fields": ("name", "url")}),
         (
             "Credentials and TLS",
             {
-                "fields": ("token_file", "ca_file", "insecure_skip_tls_verify"),
+                "fields": ("token_file", "ca_file", "insecure_skip_tls_verify", "ca_trust"),
                 "description": "Paths only: the token and the CA stay in their files, which "
-                "are read on every request.",
+                "must be inside the credentials directory (PROXYHUB_CREDENTIALS_DIR). Changing "
+                "these fields or the URL needs the “change cluster endpoint” permission.",
             },
         ),
         (
@@ -122,10 +134,38 @@ class ClusterAdmin(GuardedActionsMixin):
         ),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
-    readonly_fields = ("node_health", "circuit_detail", "created_at", "updated_at")
+    readonly_fields = ("ca_trust", "node_health", "circuit_detail", "created_at", "updated_at")
 
     def has_check_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CHECK)
+
+    def has_change_endpoint_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CHANGE_ENDPOINT)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A new cluster is a new endpoint.
+        return super().has_add_permission(request) and self.has_change_endpoint_permission(request)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Cluster | None = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if not self.has_change_endpoint_permission(request):
+            fields += ENDPOINT_FIELDS
+        return fields
+
+    def save_model(self, request: HttpRequest, obj: Cluster, form: Any, change: bool) -> None:
+        # Only someone allowed to change the endpoint has these fields in the form; a new or
+        # changed endpoint trusts the CA as it is now (blank when none is there yet).
+        if not change or set(form.changed_data) & set(ENDPOINT_FIELDS):
+            obj.trust_ca(ca_fingerprint_now(ca_file=obj.ca_file))
+        super().save_model(request, obj, form, change)
+
+    @admin.display(description="CA fingerprint (SHA-256)")
+    def ca_trust(self, obj: Cluster) -> str:
+        if obj.ca_fingerprint:
+            return obj.ca_fingerprint
+        if obj.pk is None or not obj.ca_file:
+            return "none (no CA file: the system's roots are used)" if obj.pk else "-"
+        return "not recorded yet: the CA file is trusted as it is at the next save or preflight"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cluster]:
         qs = (
@@ -243,6 +283,35 @@ class ClusterAdmin(GuardedActionsMixin):
             % {"count": len(clusters)},
             messages.SUCCESS,
         )
+
+    @admin.action(permissions=["change_endpoint"], description="Trust the current CA file")
+    def trust_ca(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        """Record the CA now in each cluster's CA file as trusted for its url, after a rotation
+        the transport refused (issue 11)."""
+        trusted = 0
+        for cluster in queryset:
+            fingerprint = cluster_trust_ca(cluster=cluster)
+            if fingerprint:
+                trusted += 1
+                self.log_change(request, cluster, f"Trusted the CA with SHA-256 {fingerprint}.")
+            else:
+                self.message_user(
+                    request,
+                    f"{cluster.name}: no CA to trust (no CA file, or it is missing or holds "
+                    "no certificate).",
+                    messages.WARNING,
+                )
+        if trusted:
+            self.message_user(
+                request,
+                ngettext(
+                    "Trusted the current CA file of %(count)d cluster.",
+                    "Trusted the current CA files of %(count)d clusters.",
+                    trusted,
+                )
+                % {"count": trusted},
+                messages.SUCCESS,
+            )
 
     @admin.action(permissions=["check"], description="Preflight (read-only checks in Proxmox)")
     def preflight(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> TemplateResponse:

@@ -29,6 +29,7 @@ PROVISION = f"{APP}.provision_proxy"
 DELETE_VM = f"{APP}.delete_proxy_vm"
 POWER = f"{APP}.power_proxy"
 CHECK = f"{APP}.check_proxy"
+CHANGE_ENDPOINT = f"{APP}.change_cluster_endpoint"
 
 # A confirmation page posts one hidden field per target, and Django refuses a request with more
 # than DATA_UPLOAD_MAX_NUMBER_FIELDS (1000) fields; one action covers at most this many.

@@ -18,11 +18,13 @@ from provisioning.models import Cluster, MachineType, Proxy, Template
 from provisioning.models.choices import DesiredState
 from provisioning.models.proxy import PROXY_NAME
 from provisioning.proxmox.config import CATALOGUE_MAX
-from provisioning.services.operations import numbered_names, validate_placement
+from provisioning.services.credentials import credentials_file_problem
+from provisioning.services.operations import (
+    CLOUD_INIT_MAX_BYTES,
+    numbered_names,
+    validate_placement,
+)
 
-# A NoCloud user-data file is a few kilobytes; a megabyte is far beyond any real one and keeps a
-# mistaken upload (an image, a log) out of the database and the seed ISO.
-CLOUD_INIT_MAX_BYTES = 1024 * 1024
 # One request writes the whole batch in one transaction; past this the page would time out.
 BULK_MAX = 500
 # Proxy names are DNS labels of at most 57 characters (DESIGN.md §2).
@@ -257,6 +259,21 @@ class ClusterForm(forms.ModelForm):
             "vendor_data": "Vendor-data",
         }
         widgets = {"url": _WIDE, "token_file": _WIDE, "ca_file": _WIDE}
+
+    # Issue 11: only files inside PROXYHUB_CREDENTIALS_DIR (present only when the user may
+    # change the endpoint; otherwise the fields are read-only and not in the form).
+    def clean_token_file(self) -> str:
+        return self._credentials_file("token_file")
+
+    def clean_ca_file(self) -> str:
+        return self._credentials_file("ca_file")
+
+    def _credentials_file(self, field: str) -> str:
+        value: str = self.cleaned_data.get(field) or ""
+        problem = credentials_file_problem(field=field, path=value)
+        if problem:
+            raise ValidationError(problem)
+        return value
 
 
 class MachineTypeForm(forms.ModelForm):

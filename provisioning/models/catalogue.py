@@ -3,11 +3,15 @@
 A ``Cluster`` row holds seed 000 entry 15's block; its children are edited inline in the admin
 and imported from the catalogue YAML. Validation is the provider's own
 (``ProxmoxConfig.problems``), so a value refused on import is refused in the admin too. The
-token and the CA are never stored: only the paths of the files that hold them.
+token and the CA are never stored: only the paths of the files that hold them, and the SHA-256
+fingerprint of the CA trusted for the url (issue 11).
 """
 
 from __future__ import annotations
 
+from typing import Any, Self
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -69,11 +73,24 @@ class Cluster(models.Model):
     request_timeout_seconds = models.FloatField(default=30.0)
     vendor_data = models.TextField(blank=True)
     install_guest_agent = models.BooleanField(default=True)
+    # Issue 11: the CA proxyhub trusts for ``url``, as ``credentials.ca_fingerprint`` writes it.
+    # Recorded when someone allowed to change the endpoint saves or imports it, or by the first
+    # preflight; the transport refuses a caFile whose CA no longer matches. A new url clears it
+    # (``save``), so trust given to one host never carries over to another.
+    ca_fingerprint = models.CharField(
+        "CA fingerprint (SHA-256)", max_length=95, blank=True, editable=False
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            (
+                "change_cluster_endpoint",
+                "Can change a cluster's endpoint: url, token file, CA file and TLS verification",
+            )
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(vmid_min__lt=models.F("vmid_max")),
@@ -88,6 +105,39 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    # Not fields: what ``save`` needs to know about this instance (see ``save``).
+    _stored_url: str | None = None
+    _ca_trust_given: bool = False
+
+    @classmethod
+    def from_db(cls, db: Any, field_names: Any, values: Any) -> Self:
+        row = super().from_db(db, field_names, values)
+        # The url as stored, so ``save`` can tell a new one (deferred: unknown, taken as new).
+        row._stored_url = row.__dict__.get("url")
+        return row
+
+    def trust_ca(self, fingerprint: str) -> None:
+        """Record ``fingerprint`` as the CA trusted for the url this row is saved with."""
+        self.ca_fingerprint = fingerprint
+        self._ca_trust_given = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A url other than the stored one drops the CA trust, unless the caller gave trust for
+        # the new url in this very save (``trust_ca``).
+        stored = getattr(self, "_stored_url", None)
+        if (
+            self.pk is not None
+            and stored != self.url
+            and not getattr(self, "_ca_trust_given", False)
+        ):
+            self.ca_fingerprint = ""
+            update_fields = kwargs.get("update_fields")
+            if update_fields is not None and "url" in update_fields:
+                kwargs["update_fields"] = {*update_fields, "ca_fingerprint"}
+        super().save(*args, **kwargs)
+        self._stored_url = self.url
+        self._ca_trust_given = False
 
     def proxmox_config(self, installation_id: str) -> ProxmoxConfig:
         """The provider's view of this cluster, children included (one query each)."""
@@ -144,6 +194,8 @@ class Cluster(models.Model):
             vendor_data=self.vendor_data or None,
             install_guest_agent=self.install_guest_agent,
             installation_id=installation_id,
+            credentials_dir=settings.PROXYHUB_CREDENTIALS_DIR,
+            ca_fingerprint=self.ca_fingerprint or None,
         )
 
 

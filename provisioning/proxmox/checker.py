@@ -144,7 +144,7 @@ def check(
     """Check every configured node; one ``NodeCheck`` per node, in ``config.nodes`` order."""
     deadline = deadline if deadline is not None else Deadline.never()
     try:
-        token = read_token(config.token_file)
+        token = read_token(config.token_file, root=config.credentials_dir)
     except CredentialsMissing:
         return _unavailable(
             config,

@@ -144,6 +144,12 @@ class ProxmoxConfig:
     ``request_timeout_seconds`` of 0 means no per-request limit (the seed's
     ``http.Client.Timeout`` semantics); ``vendor_data`` is joined into the seed ISO's
     vendor-data; ``installation_id`` goes into every VM's mark (DESIGN §2).
+
+    Neither of the last two is a catalogue key; the Django side sets them from its settings and
+    the cluster row: ``credentials_dir`` is the only directory ``token_file`` and ``ca_file``
+    may be read from (``credentials.read_confined``; ``None``: unconfined, for the client used
+    on its own), ``ca_fingerprint`` the SHA-256 of the CA trusted for ``url``
+    (``credentials.ca_fingerprint``; ``None``: nothing recorded yet).
     """
 
     name: str
@@ -164,6 +170,8 @@ class ProxmoxConfig:
     vendor_data: str | None = None
     install_guest_agent: bool = True
     installation_id: str = ""
+    credentials_dir: str | None = None
+    ca_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         # Detach from the caller's containers so later edits to them cannot change a config.

@@ -113,6 +113,22 @@ class CAFileInvalid(TransportError):
     """``caFile`` exists but holds no PEM certificate."""
 
 
+class TokenFileRefused(CredentialsMalformed):
+    """``tokenFile`` names a path proxyhub may not read: outside the credentials directory,
+    not a regular file, or too large (``credentials.read_confined``). Needs an operator."""
+
+
+class CAFileRefused(CAFileInvalid):
+    """``caFile`` names a path proxyhub may not read, for the reasons ``TokenFileRefused``
+    lists. Needs an operator."""
+
+
+class CAFingerprintMismatch(CAFileInvalid):
+    """``caFile`` now holds another CA than the one trusted for the cluster's url: someone
+    replaced it, or the node's CA was rotated. Trust must be given again by an operator
+    allowed to change the endpoint, so a swapped CA never carries the token to another host."""
+
+
 # --- classified failures ------------------------------------------------------------------
 
 
@@ -252,6 +268,20 @@ def classify(op: str, err: BaseException) -> ClassifiedError:
             f"TLS verification failed: {err}",
             remediation="fix caFile or url (the host must be in the node certificate), "
             "not the host",
+            op=op,
+        )
+    if isinstance(err, CAFingerprintMismatch):
+        return PermanentError(
+            str(err),
+            remediation="if the node's CA was replaced on purpose, an operator with the "
+            'change_cluster_endpoint permission trusts the new one (the cluster action "Trust '
+            'the current CA file", or import_catalogue again); otherwise restore caFile',
+            op=op,
+        )
+    if isinstance(err, CAFileRefused | TokenFileRefused):
+        return PermanentError(
+            str(err),
+            remediation="put the file inside PROXYHUB_CREDENTIALS_DIR and point the cluster at it",
             op=op,
         )
     if isinstance(err, CAFileInvalid):

@@ -3,7 +3,10 @@
 What this module promises, with where each promise comes from:
 
 * the token file is read on every request, so a rotated token is used by the next request
-  without a restart (seed 000 entry 14); the CA is read once and cached (entry 24);
+  without a restart (seed 000 entry 14); the CA is read once and cached (entry 24). Both are
+  read only from inside ``credentials_dir`` when one is given (``credentials.read_confined``),
+  and a CA whose fingerprint is not the one trusted for this url (``ca_fingerprint``) is
+  refused, so neither a swapped file nor a changed url carries the token to another host;
 * TLS verification cannot be changed by the environment: ``trust_env`` is off and ``verify``
   is passed on every request, because ``requests`` lets ``REQUESTS_CA_BUNDLE`` and
   ``CURL_CA_BUNDLE`` override ``Session.verify`` and proxy variables reroute requests;
@@ -40,9 +43,15 @@ from requests.adapters import HTTPAdapter
 from urllib3.exceptions import ReadTimeoutError
 
 from .api import Api, Call, Response
-from .credentials import Token, load_ca, read_token
+from .credentials import Token, ca_fingerprint, load_ca, read_token
 from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
-from .errors import ApiError, ConnectFailed, RequestTimeout, TLSVerifyFailed
+from .errors import (
+    ApiError,
+    CAFingerprintMismatch,
+    ConnectFailed,
+    RequestTimeout,
+    TLSVerifyFailed,
+)
 
 log = logging.getLogger("proxyhub.proxmox.http")
 
@@ -118,7 +127,9 @@ class HttpTransport:
     ``url`` is the node's base URL (``https://pve1.example:8006``); ``/api2/json`` is appended.
     ``request_timeout`` bounds one request from the first byte sent to the last byte read
     (``requestTimeoutSeconds``; ``0`` means no bound besides the deadline); ``connect_timeout``
-    bounds the TCP connect. Safe for concurrent use from many threads.
+    bounds the TCP connect. ``credentials_dir`` confines ``token_file`` and ``ca_file``;
+    ``ca_fingerprint``, when set, is the only CA accepted from ``ca_file`` (module docstring).
+    Safe for concurrent use from many threads.
     """
 
     def __init__(
@@ -130,6 +141,8 @@ class HttpTransport:
         request_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         pool_maxsize: int = 8,
+        credentials_dir: str | None = None,
+        ca_fingerprint: str | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("https", "http") or not parts.hostname:
@@ -145,6 +158,8 @@ class HttpTransport:
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.pool_maxsize = pool_maxsize
+        self.credentials_dir = credentials_dir
+        self.ca_fingerprint = ca_fingerprint or None
         # One lock for the lazily built session, worker pool and cached CA.
         self._lock = threading.RLock()
         self._ca_pem: str | None = None
@@ -219,7 +234,13 @@ class HttpTransport:
         if self._ca_pem is None:
             with self._lock:
                 if self._ca_pem is None:
-                    pem = load_ca(self.ca_file)
+                    pem = load_ca(self.ca_file, root=self.credentials_dir)
+                    found = ca_fingerprint(pem)
+                    if self.ca_fingerprint is not None and found != self.ca_fingerprint:
+                        raise CAFingerprintMismatch(
+                            f"caFile {self.ca_file} holds a CA (SHA-256 {found}) other than "
+                            f"the one trusted for {self.origin} (SHA-256 {self.ca_fingerprint})"
+                        )
                     self._ca_pem = pem
                     if self._adapter is not None:
                         self._adapter.ca_pem = pem
@@ -230,7 +251,7 @@ class HttpTransport:
     def send(self, call: Call, *, deadline: Deadline | None) -> Response:
         dl = effective(deadline)
         dl.check()  # expired or cancelled: nothing is sent
-        token = read_token(self.token_file)
+        token = read_token(self.token_file, root=self.credentials_dir)
         verify = self._verify()
         read_cap = dl.timeout(self.request_timeout) if self.request_timeout else dl.remaining()
         connect = self.connect_timeout if read_cap is None else min(self.connect_timeout, read_cap)
@@ -340,6 +361,8 @@ def http_api(
     request_timeout: float = 30.0,
     connect_timeout: float = 10.0,
     pool_maxsize: int = 8,
+    credentials_dir: str | None = None,
+    ca_fingerprint: str | None = None,
 ) -> Api:
     """The seam over HTTPS: what the provider uses against a real node."""
     return Api(
@@ -351,6 +374,8 @@ def http_api(
             request_timeout=request_timeout,
             connect_timeout=connect_timeout,
             pool_maxsize=pool_maxsize,
+            credentials_dir=credentials_dir,
+            ca_fingerprint=ca_fingerprint,
         )
     )
 

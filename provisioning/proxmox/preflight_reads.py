@@ -18,15 +18,19 @@ from typing import Any
 
 from .api import Api, Call, Response, Transport
 from .config import ProxmoxConfig
+from .credentials import MAX_CA_FILE_BYTES, MAX_TOKEN_FILE_BYTES
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import (
     ApiError,
     CAFileInvalid,
     CAFileMissing,
+    CAFileRefused,
+    CAFingerprintMismatch,
     CredentialsMalformed,
     CredentialsMissing,
     RequestTimeout,
     TLSVerifyFailed,
+    TokenFileRefused,
     TransportError,
 )
 from .plan import Plan
@@ -37,6 +41,12 @@ _REASONS = {
     "offline": "the node did not answer (offline or unreachable from the cluster)",
     "unauthorized": "Proxmox refused the API token",
     "credentials": "the token file is missing or malformed",
+    "token_refused": "tokenFile is refused: it must be a regular file of at most "
+    f"{MAX_TOKEN_FILE_BYTES} bytes inside the credentials directory (PROXYHUB_CREDENTIALS_DIR)",
+    "ca_refused": "caFile is refused: it must be a regular file of at most "
+    f"{MAX_CA_FILE_BYTES} bytes inside the credentials directory (PROXYHUB_CREDENTIALS_DIR)",
+    "ca_untrusted": "caFile holds another CA than the one trusted for this url; an operator "
+    "allowed to change the cluster's endpoint must trust it again",
     "tls": "the TLS connection to Proxmox could not be verified",
     "timeout": "the preflight ran out of its time budget before Proxmox answered",
     "unreachable": "Proxmox could not be reached",
@@ -102,6 +112,12 @@ def try_read(fetch: Callable[[], Any]) -> Read:
         return Read(failure=kind, error=err)
     except (DeadlineExceeded, Cancelled, RequestTimeout):
         return Read(failure="timeout")
+    except TokenFileRefused:
+        return Read(failure="token_refused")
+    except CAFileRefused:
+        return Read(failure="ca_refused")
+    except CAFingerprintMismatch:
+        return Read(failure="ca_untrusted")
     except (CredentialsMissing, CredentialsMalformed):
         return Read(failure="credentials")
     except (TLSVerifyFailed, CAFileMissing, CAFileInvalid):

@@ -23,6 +23,13 @@ from provisioning.models import Node as ClusterNode
 from provisioning.proxmox.config import ConfigError, FieldError, ProxmoxConfig
 from provisioning.strict_yaml import read_text, yaml_load_strict
 
+from .credentials import (
+    ca_fingerprint_now,
+    credentials_dir,
+    credentials_file_missing,
+    credentials_file_problem,
+)
+
 API_VERSION = "proxyhub/v1"
 KIND = "ProxmoxCluster"
 _ENVELOPE = ("apiVersion", "kind")
@@ -95,6 +102,9 @@ class DocumentPlan:
 
     where: str  # "FILE[INDEX]", the prefix of every path of this document
     config: ProxmoxConfig
+    # The CA in caFile as it is now (blank: none yet): importing is the operating-system user
+    # trusting it for the url (issue 11, services.credentials).
+    ca_fingerprint: str = ""
 
 
 @dataclass
@@ -131,6 +141,7 @@ def catalogue_validate(documents: Sequence[Mapping[str, Any]]) -> Findings:
             found.problems.extend(err.errors)
             continue
         found.problems.extend(_column_problems(config, where))
+        found.problems.extend(_credentials_problems(config, where))
         if config.name in named:
             found.problems.append(
                 FieldError(
@@ -141,7 +152,9 @@ def catalogue_validate(documents: Sequence[Mapping[str, Any]]) -> Findings:
             )
             continue
         named[config.name] = where
-        found.plans.append(DocumentPlan(where, config))
+        found.plans.append(
+            DocumentPlan(where, config, ca_fingerprint_now(ca_file=config.ca_file or ""))
+        )
         found.warnings.extend(_file_warnings(config, where))
     return found
 
@@ -215,27 +228,36 @@ def _column_problems(config: ProxmoxConfig, where: str) -> list[FieldError]:
     return problems
 
 
+def _credentials_problems(config: ProxmoxConfig, where: str) -> list[FieldError]:
+    """tokenFile and caFile outside PROXYHUB_CREDENTIALS_DIR, not regular files, or too large
+    (issue 11). A path outside is refused before anything looks at it."""
+    problems: list[FieldError] = []
+    for key, field_name, path in (
+        ("tokenFile", "token_file", config.token_file),
+        ("caFile", "ca_file", config.ca_file),
+    ):
+        problem = credentials_file_problem(field=field_name, path=path or "")
+        if problem:
+            problems.append(FieldError(f"{where}.{key}", problem))
+    return problems
+
+
 def _file_warnings(config: ProxmoxConfig, where: str) -> list[str]:
     """Files that are not there yet import with a warning, not a refusal: the token is read on
-    every request and the secret may land after the catalogue (seed 000 entry 14). Only the
-    paths are looked at; the files are never read."""
+    every request and the secret may land after the catalogue (seed 000 entry 14). Only paths
+    the rules allow (``_credentials_problems``) get here; the files are never read."""
     warnings: list[str] = []
-    for key, path, what in (
-        ("tokenFile", config.token_file, "the API token"),
-        ("caFile", config.ca_file, "the CA bundle"),
+    for key, field_name, path, what in (
+        ("tokenFile", "token_file", config.token_file, "the API token"),
+        ("caFile", "ca_file", config.ca_file, "the CA bundle"),
     ):
         if not path:
             continue
         label = f"{where}.{key}"
-        if not os.path.isabs(path):
-            warnings.append(
-                f"{label}: {path} is a relative path; each worker resolves it against its own "
-                "working directory, so prefer an absolute path"
-            )
-        if not os.path.exists(path):
+        if credentials_file_missing(field=field_name, path=path):
             warnings.append(
                 f"{label}: {path} does not exist yet; requests to cluster {config.name} fail "
-                f"until {what} is written there"
+                f"until {what} is written there (inside {credentials_dir()})"
             )
         elif not os.access(path, os.R_OK):
             warnings.append(f"{label}: {path} is not readable by this user")

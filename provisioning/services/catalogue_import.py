@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from provisioning.models import Cluster, MachineType, Proxy, Template
 from provisioning.models import Node as ClusterNode
 from provisioning.models.choices import DesiredState
-from provisioning.proxmox.config import FieldError, ProxmoxConfig, TemplateRef
+from provisioning.proxmox.config import FieldError, TemplateRef
 from provisioning.proxmox.config import MachineType as MachineTypeSpec
 
 from .catalogue import PLACEHOLDER_INSTALLATION, CatalogueError, DocumentPlan, catalogue_validate
@@ -107,11 +107,11 @@ def _apply(plans: list[DocumentPlan], *, dry_run: bool) -> list[ClusterChange]:
             problems.extend(_removal_problems(plan, cluster))
     if problems:
         raise CatalogueError(problems, headline="the catalogue was refused; nothing was written")
-    changes = [_change(plan.config, existing.get(plan.config.name)) for plan in plans]
+    changes = [_change(plan, existing.get(plan.config.name)) for plan in plans]
     if not dry_run:
         for plan, change in zip(plans, changes, strict=True):
             if change.action != "unchanged":
-                _write(plan.config, existing.get(plan.config.name))
+                _write(plan, existing.get(plan.config.name))
     return changes
 
 
@@ -192,9 +192,20 @@ _SCALARS = (
 _BLANK_WHEN_UNSET = frozenset({"ca_file", "storage", "bridge", "vendor_data"})
 
 
-def _change(config: ProxmoxConfig, cluster: Cluster | None) -> ClusterChange:
-    """What writing ``config`` changes: key names only, never values (vendor-data may hold
+def _trusted_fingerprint(plan: DocumentPlan, cluster: Cluster | None) -> str:
+    """The CA trust the row gets: the CA in caFile now; when there is none yet (the file has
+    not landed), the trust already recorded, but only while url and caFile stay the same."""
+    if plan.ca_fingerprint or cluster is None:
+        return plan.ca_fingerprint
+    if cluster.url == plan.config.url and cluster.ca_file == (plan.config.ca_file or ""):
+        return cluster.ca_fingerprint
+    return ""
+
+
+def _change(plan: DocumentPlan, cluster: Cluster | None) -> ClusterChange:
+    """What writing ``plan`` changes: key names only, never values (vendor-data may hold
     secrets, and a path is easier to read in the document than in a summary)."""
+    config = plan.config
     if cluster is None:
         sizes = (
             _count(len(config.nodes), "node"),
@@ -204,6 +215,8 @@ def _change(config: ProxmoxConfig, cluster: Cluster | None) -> ClusterChange:
         return ClusterChange(config.name, "created", sizes)
     current = cluster.proxmox_config(PLACEHOLDER_INSTALLATION)
     changes = [key for key, attr, _ in _SCALARS if getattr(current, attr) != getattr(config, attr)]
+    if _trusted_fingerprint(plan, cluster) != cluster.ca_fingerprint:
+        changes.append("CA trust")
     if current.nodes != config.nodes:
         changes.append(_delta("nodes", current.nodes, config.nodes, reordered=True))
     changes.append(_delta("templates", current.templates, config.templates))
@@ -232,9 +245,11 @@ def _delta(
     return f"{key} {' '.join(parts)}" if parts else ""
 
 
-def _write(config: ProxmoxConfig, cluster: Cluster | None) -> Cluster:
+def _write(plan: DocumentPlan, cluster: Cluster | None) -> Cluster:
     """Write one cluster and make its children match; the row is saved last so its
     ``updated_at`` moves after every child (the provider cache keys on it)."""
+    config = plan.config
+    trusted = _trusted_fingerprint(plan, cluster)
     if cluster is None:
         cluster = Cluster(name=config.name)
     for _, attr, field_name in _SCALARS:
@@ -242,6 +257,7 @@ def _write(config: ProxmoxConfig, cluster: Cluster | None) -> Cluster:
         if value is None and field_name in _BLANK_WHEN_UNSET:
             value = ""
         setattr(cluster, field_name, value)
+    cluster.trust_ca(trusted)
     if cluster.pk is None:
         cluster.save()
     _sync_nodes(cluster, config.nodes)

@@ -54,6 +54,12 @@ class IdempotencyConflict(ValueError):
     """An idempotency key was reused with different inputs."""
 
 
+# A NoCloud user-data file is a few kilobytes; a megabyte is far beyond any real one and keeps a
+# mistaken upload (an image, a log) out of the database and the seed ISO. The admin's forms and
+# ``proxies create`` apply it alike.
+CLOUD_INIT_MAX_BYTES = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class ProxySpec:
     """What an operator asks for when creating a proxy."""

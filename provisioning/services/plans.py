@@ -28,6 +28,7 @@ from provisioning.proxmox.plan import Plan, build_plan
 from provisioning.proxmox.preflight import PREFLIGHT_BUDGET, preflight
 from provisioning.proxmox.preflight_checks import Check
 
+from .credentials import cluster_credentials_validate, cluster_trust_ca_if_unrecorded
 from .installation import installation_id
 from .operations import ProxySpec
 from .placement import choose_node
@@ -73,7 +74,13 @@ def plan_preview(proxy: Proxy) -> Plan:
 
 def preflight_proxy(proxy: Proxy, *, deadline_seconds: float = PREFLIGHT_BUDGET) -> PreflightReport:
     """Check ``proxy``'s plan against Proxmox with GET requests only, within
-    ``deadline_seconds`` in all."""
+    ``deadline_seconds`` in all.
+
+    A tokenFile or caFile the rules refuse raises ``ValidationError`` naming the field before any
+    request (issue 11); a CA with no trust recorded yet is trusted as it is now (first use).
+    """
+    cluster_credentials_validate(cluster=proxy.cluster)
+    cluster_trust_ca_if_unrecorded(cluster=proxy.cluster)
     deadline = Deadline(deadline_seconds)
     provider = provider_for(proxy.cluster)
     plan = _plan_for_proxy(proxy, provider.config)

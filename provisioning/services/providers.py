@@ -41,6 +41,8 @@ def _http_transport(config: ProxmoxConfig) -> Transport:
         insecure=config.insecure_skip_tls_verify,
         # 0 is no per-request bound (docs/catalogue.md); the step task's time limit remains.
         request_timeout=config.request_timeout_seconds,
+        credentials_dir=config.credentials_dir,
+        ca_fingerprint=config.ca_fingerprint,
     )
 
 

@@ -275,6 +275,12 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "proxyhub.error_reports.SensitiveReporterFil
 # zone itself unless this is set (docs/operator-guide.md, "Placement").
 PROXYHUB_ZONE_REQUIRED = env.bool("PROXYHUB_ZONE_REQUIRED", default=False)
 PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900)
+# Issue 11: the one directory a cluster's tokenFile and caFile may name files in (symlinks
+# resolved), so no one who may edit a cluster can have another file sent as its token or probe
+# the worker's file system. A relative value is relative to the repository.
+PROXYHUB_CREDENTIALS_DIR = str(
+    (BASE_DIR / env.str("PROXYHUB_CREDENTIALS_DIR", default="/etc/proxyhub")).resolve()
+)
 # Beat intervals, used by the data migration that creates the periodic tasks.
 PROXYHUB_RECONCILE_INTERVAL_SECONDS = env.int("PROXYHUB_RECONCILE_INTERVAL_SECONDS", default=60)
 PROXYHUB_GC_INTERVAL_SECONDS = env.int("PROXYHUB_GC_INTERVAL_SECONDS", default=300)

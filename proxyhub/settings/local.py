@@ -10,7 +10,7 @@ SQLite file and embedded broker under ``var/``, the same metrics directory, the 
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import VAR_DIR, env, metrics_dir
+from .base import BASE_DIR, VAR_DIR, env, metrics_dir
 
 # Django's debug pages and runserver's static files; DJANGO_DEBUG=false shows the pages a
 # deployment would.
@@ -31,3 +31,9 @@ SESSION_COOKIE_SECURE = False
 CSRF_COOKIE_SECURE = False
 
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))
+
+# The bundled simulator writes its token and CA under var/pvesim (bin/run-local sets the same
+# value); a real cluster's files go wherever PROXYHUB_CREDENTIALS_DIR says.
+PROXYHUB_CREDENTIALS_DIR = str(
+    (BASE_DIR / env.str("PROXYHUB_CREDENTIALS_DIR", default=str(VAR_DIR / "pvesim"))).resolve()
+)

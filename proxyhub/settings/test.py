@@ -10,6 +10,8 @@ itself, or another environment, start a child process with ``DJANGO_SETTINGS_MOD
 
 from __future__ import annotations
 
+import tempfile
+
 from .base import *  # noqa: F403
 from .base import env, metrics_dir
 
@@ -31,3 +33,9 @@ PROMETHEUS_MULTIPROC_DIR = metrics_dir(default="")
 # a transactional database (tests/service/test_circuit.py) and by the real workers of the
 # integration tier, which run production settings.
 PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS", default=60.0)
+
+# Tests keep their token and CA files in pytest's temporary directories, all under the system's
+# temporary directory; tests of the confinement itself narrow it with override_settings.
+# Fixed rather than read from the environment: a developer's own value must not decide what the
+# suite may read.
+PROXYHUB_CREDENTIALS_DIR = tempfile.gettempdir()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ def child_env(**extra: str) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "PYTHONUNBUFFERED": "1",
         "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
+        # The simulator's token and CA live in pytest's temporary directories.
+        "PROXYHUB_CREDENTIALS_DIR": tempfile.gettempdir(),
     }
     env.update(extra)
     return env

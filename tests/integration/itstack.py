@@ -26,6 +26,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -659,6 +660,8 @@ def stack_env(
             "PROXYHUB_VAR_DIR": str(var_dir),
             "PROMETHEUS_MULTIPROC_DIR": str(var_dir / "metrics"),
             "PROXYHUB_LOG_LEVEL": "INFO",
+            # The simulator's token and CA live in pytest's temporary directories.
+            "PROXYHUB_CREDENTIALS_DIR": tempfile.gettempdir(),
         }
     )
     env.update(extra or {})

@@ -103,3 +103,10 @@ def probe() -> Callable[..., list[dict[str, Any]]]:
         return json.loads(line.removeprefix("PROBE "))
 
     return run
+
+
+@pytest.fixture
+def documented_credentials_dir(settings: Any) -> None:
+    """The credentials directory of the documented deployment, /etc/proxyhub, for catalogues
+    that name files the way DESIGN.md's example does (they need not exist)."""
+    settings.PROXYHUB_CREDENTIALS_DIR = "/etc/proxyhub"

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,13 +94,18 @@ class Sim:
         return [str(e.key) for e in self.engine.ledger.mutations()]
 
 
+# A token path inside the test settings' credentials directory (the system's temporary
+# directory, issue 11) where no file ever is: the in-process transport needs no token.
+ABSENT_TOKEN = str(Path(tempfile.gettempdir()) / "proxyhub-tests-absent" / "token")
+
+
 def make_cluster(
     name: str = "pvesim", nodes: tuple[str, ...] = ("pve1", "pve2", "pve3")
 ) -> Cluster:
     cluster = Cluster.objects.create(
         name=name,
         url="https://127.0.0.1:8006",
-        token_file="/nonexistent/token",
+        token_file=ABSENT_TOKEN,
         iso_storage="proxy-seeds",
     )
     for position, node in enumerate(nodes):

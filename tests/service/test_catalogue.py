@@ -101,6 +101,7 @@ def test_import_creates_the_cluster_with_its_children_in_config_order(
     assert sizes == {"small": (1, 1024, 10), "large": (4, 8192, None)}
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_several_documents_in_one_file_import_together() -> None:
     report = catalogue_import(catalogue_load([str(DATA / "catalogue-two-clusters.yaml")]))
 

@@ -76,6 +76,7 @@ def work_while_waiting(monkeypatch: pytest.MonkeyPatch, pump: Pump) -> None:
 # --- import_catalogue / export_catalogue ------------------------------------------------------
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_import_catalogue_prints_what_it_did_and_warns_about_missing_files() -> None:
     source = str(DATA / "catalogue-two-clusters.yaml")
 
@@ -93,6 +94,7 @@ def test_import_catalogue_prints_what_it_did_and_warns_about_missing_files() -> 
     assert out.splitlines() == ["unchanged cluster proxmox-home", "unchanged cluster proxmox-lab"]
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_import_catalogue_dry_run_writes_nothing() -> None:
     out, _ = run("import_catalogue", str(DATA / "catalogue-two-clusters.yaml"), "--dry-run")
 
@@ -100,6 +102,7 @@ def test_import_catalogue_dry_run_writes_nothing() -> None:
     assert not Cluster.objects.exists()
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_import_catalogue_refusal_is_a_command_error_with_paths(tmp_path: Path) -> None:
     good = str(DATA / "catalogue-two-clusters.yaml")
     bad = str(DATA / "catalogue-duplicate-keys.yaml")
@@ -111,6 +114,7 @@ def test_import_catalogue_refusal_is_a_command_error_with_paths(tmp_path: Path) 
     assert not Cluster.objects.exists()
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_export_catalogue_prints_yaml_that_imports_back_unchanged(tmp_path: Path) -> None:
     run("import_catalogue", str(DATA / "catalogue-two-clusters.yaml"))
 
@@ -292,6 +296,7 @@ def test_delete_by_name_and_refusal_of_unknown_names(sim: Sim) -> None:
     assert Proxy.objects.get(name="a").phase == Phase.DELETING
 
 
+@pytest.mark.usefixtures("documented_credentials_dir")
 def test_delete_all_of_one_cluster(sim: Sim, tmp_path: Path) -> None:
     run("import_catalogue", str(DATA / "catalogue-two-clusters.yaml"))
     run("proxies", "create", "a", "b", *PLACEMENT, "--zone", "pve1")

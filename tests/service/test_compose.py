@@ -96,7 +96,7 @@ def test_commands_are_the_documented_ones(services: dict[str, Any]) -> None:
         "python",
         "manage.py",
         "import_catalogue",
-        "/pvesim/catalogue.yaml",
+        "/etc/proxyhub/pvesim/catalogue.yaml",
     ]
 
 
@@ -136,10 +136,15 @@ def test_the_simulator_is_optional_and_shares_its_files(services: dict[str, Any]
     for name in (*LONG_RUNNING, "migrate"):
         if name not in ("pvesim", "jaeger"):
             assert "profiles" not in services[name], f"{name} must start without a profile"
-    assert "pvesim:/pvesim" in services["pvesim"]["volumes"]
-    # Workers read the simulator's token and CA; nothing but the simulator may change them.
+    assert "pvesim:/etc/proxyhub/pvesim" in services["pvesim"]["volumes"]
+    sim = command_of(services["pvesim"])
+    assert sim[sim.index("--workdir") + 1] == "/etc/proxyhub/pvesim"
+    # Workers read the simulator's token and CA; nothing but the simulator may change them. The
+    # catalogue it writes names them where the workers see them, inside the one directory
+    # proxyhub reads credentials from (issue 11).
     for name in ("web", "worker", "beat", "pvesim-import"):
-        assert "pvesim:/pvesim:ro" in services[name]["volumes"], name
+        assert "pvesim:/etc/proxyhub/pvesim:ro" in services[name]["volumes"], name
+        assert services[name]["environment"]["PROXYHUB_CREDENTIALS_DIR"] == "/etc/proxyhub", name
 
 
 def test_tracing_is_an_optional_profile_that_only_listens_on_loopback(

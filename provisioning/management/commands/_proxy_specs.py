@@ -7,6 +7,7 @@ the flag or the file path (``proxies.yaml[3].machineType``) where the operator t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,13 @@ from django.core.management.base import CommandError
 from django.db import models
 
 from provisioning.models import Cluster, Proxy
-from provisioning.services.operations import ProxySpec, numbered_names, validate_placement
+from provisioning.proxmox.credentials import FileRule, read_confined
+from provisioning.services.operations import (
+    CLOUD_INIT_MAX_BYTES,
+    ProxySpec,
+    numbered_names,
+    validate_placement,
+)
 from provisioning.strict_yaml import read_text, yaml_load_strict
 
 # One transaction writes a whole ``--count`` batch; a typo must not write a million rows.
@@ -27,6 +34,34 @@ FILE_REQUIRED = ("name", "cluster", "machineType", "image")
 # Service field name → where the operator typed it, per form.
 _FLAG_FOR = {"zone": "--zone", "machine_type": "--machine-type", "image": "--image"}
 _KEY_FOR = {"zone": "zone", "machine_type": "machineType", "image": "image", "name": "name"}
+
+
+class _CloudInitFileProblem(Exception):
+    """A ``cloudInitFile`` (or ``--cloud-init``) that cannot be used; the text says why."""
+
+
+# Issue 11: a proxies file may name cloud-init only beside it or below it, a regular file of at
+# most the admin's limit; never an absolute path, a ``..`` or a symlink leaving its directory.
+_CLOUD_INIT_FILE = FileRule(
+    "cloudInitFile",
+    CLOUD_INIT_MAX_BYTES,
+    _CloudInitFileProblem,
+    _CloudInitFileProblem,
+    root_name="the directory of the proxies file, {root}",
+)
+_CLOUD_INIT_FLAG = FileRule(
+    "--cloud-init", CLOUD_INIT_MAX_BYTES, _CloudInitFileProblem, _CloudInitFileProblem
+)
+
+
+def _cloud_init_beside(base: Path, value: str) -> bytes:
+    """``value`` read relative to ``base`` (the proxies file's directory), confined to it."""
+    if os.path.isabs(value):
+        raise _CloudInitFileProblem(
+            f"must be a path relative to the directory of the proxies file ({base}), "
+            f"not an absolute path; got {value!r}"
+        )
+    return read_confined(os.path.join(base, value), _CLOUD_INIT_FILE, str(base))
 
 
 def cluster_named(name: str) -> Cluster:
@@ -76,13 +111,11 @@ def specs_from_flags(names: list[str], options: Mapping[str, Any]) -> list[Proxy
     cluster = cluster_named(options["cluster"])
     cloud_init = b""
     if options["cloud_init"]:
+        # A path the operator typed: any directory, but a regular file within the size limit.
         try:
-            cloud_init = Path(options["cloud_init"]).read_bytes()
-        except OSError as err:
-            reason = err.strerror or type(err).__name__
-            raise CommandError(
-                f"--cloud-init {options['cloud_init']}: cannot read it: {reason}"
-            ) from err
+            cloud_init = read_confined(options["cloud_init"], _CLOUD_INIT_FLAG, None)
+        except _CloudInitFileProblem as err:
+            raise CommandError(f"nothing was created: {err}") from None
     zone, machine_type, image = options["zone"], options["machine_type"], options["image"]
     problems = [
         f"{_FLAG_FOR.get(field, field)}: {message}"
@@ -124,7 +157,7 @@ def specs_from_file(path: str) -> list[ProxySpec]:
     specs: list[ProxySpec] = []
     clusters: dict[str, Cluster | None] = {}
     placements: dict[tuple[int, str, str, str], dict[str, str]] = {}
-    base = Path(path).parent
+    base = Path(path).absolute().parent
     for index, entry in enumerate(items if isinstance(items, list) and not problems else []):
         where = f"{path}[{index}]"
         if not isinstance(entry, Mapping):
@@ -166,12 +199,10 @@ def specs_from_file(path: str) -> list[ProxySpec]:
         problems.extend(f"{where}.{_KEY_FOR[f]}: {m}" for f, m in placements[key].items())
         cloud_init = (entry.get("cloudInit") or "").encode()
         if entry.get("cloudInitFile"):
-            source = base / entry["cloudInitFile"]
             try:
-                cloud_init = source.read_bytes()
-            except OSError as err:
-                reason = err.strerror or type(err).__name__
-                problems.append(f"{where}.cloudInitFile: {source} cannot be read: {reason}")
+                cloud_init = _cloud_init_beside(base, entry["cloudInitFile"])
+            except _CloudInitFileProblem as err:
+                problems.append(f"{where}.cloudInitFile ({entry['name']}): {err}")
         specs.append(
             ProxySpec(
                 name=entry["name"],
