@@ -37,6 +37,7 @@ with open(os.path.join(root, "manage-calls.jsonl"), "a") as fh:
         "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
         "redis": os.environ.get("REDIS_URL"),
         "var": os.environ.get("PROXYHUB_VAR_DIR"),
+        "credentials": os.environ.get("PROXYHUB_CREDENTIALS_DIR"),
     }) + "\\n")
 sys.exit(int(os.environ.get("FAKE_MANAGE_FAIL_" + sys.argv[1], "0")))
 """
@@ -113,6 +114,7 @@ HOST_SETTINGS = (
     "DJANGO_DEBUG",
     "PROXYHUB_VAR_DIR",
     "PROMETHEUS_MULTIPROC_DIR",
+    "PROXYHUB_CREDENTIALS_DIR",
 )
 
 
@@ -214,6 +216,13 @@ def test_steps_run_in_order_and_print_the_admin_login(run_local, fake_repo: Path
         call["settings"] == "proxyhub.settings.local" and call["redis"] is None for call in calls
     )
     assert all(call["var"] == str(fake_repo / "var") for call in calls)
+    # Issue 11: the import and every process may read the simulator's token and CA, and only
+    # the simulator's workdir.
+    document = yaml.safe_load(catalogue.read_text())
+    credentials = {call["credentials"] for call in calls}
+    assert credentials == {str(fake_repo / "var" / "pvesim")}
+    for key in ("tokenFile", "caFile"):
+        assert Path(document[key]).is_relative_to(fake_repo / "var" / "pvesim"), key
     # Metrics files of an earlier run would be added to this run's counters.
     assert not stale_metrics.exists()
 
@@ -317,3 +326,12 @@ def test_no_sim_imports_nothing(run_local, fake_repo: Path) -> None:
     runner.wait_ready()
     assert [c["argv"][0] for c in runner.manage_calls()] == ["migrate", "shell"]
     assert not (fake_repo / "var" / "pvesim").exists()
+
+
+def test_a_credentials_dir_without_the_simulators_files_is_refused_before_any_step(
+    run_local, fake_repo: Path, tmp_path: Path
+) -> None:
+    runner = run_local(env={"PROXYHUB_CREDENTIALS_DIR": str(tmp_path / "elsewhere")})
+    assert runner.proc.wait(30) == 1
+    assert "does not hold the simulator's token and CA" in runner.stderr()
+    assert not (fake_repo / "manage-calls.jsonl").exists()
