@@ -659,6 +659,8 @@ def stack_env(
             "PROXYHUB_VAR_DIR": str(var_dir),
             "PROMETHEUS_MULTIPROC_DIR": str(var_dir / "metrics"),
             "PROXYHUB_LOG_LEVEL": "INFO",
+            # The benchmarks declare fleets of hundreds with one `proxies create --count`.
+            "PROXYHUB_MAX_BULK_CREATE": "10000",
         }
     )
     env.update(extra or {})
