@@ -107,11 +107,13 @@ def _apply(plans: list[DocumentPlan], *, dry_run: bool) -> list[ClusterChange]:
             problems.extend(_removal_problems(plan, cluster))
     if problems:
         raise CatalogueError(problems, headline="the catalogue was refused; nothing was written")
-    changes = [_change(plan.config, existing.get(plan.config.name)) for plan in plans]
+    changes = [_change_of(plan, existing.get(plan.config.name)) for plan in plans]
     if not dry_run:
         for plan, change in zip(plans, changes, strict=True):
             if change.action != "unchanged":
-                _write(plan.config, existing.get(plan.config.name))
+                cluster = existing.get(plan.config.name) or Cluster(name=plan.config.name)
+                plan.quotas.apply(cluster)
+                _write(plan.config, cluster)
     return changes
 
 
@@ -210,6 +212,15 @@ def _change(config: ProxmoxConfig, cluster: Cluster | None) -> ClusterChange:
     changes.append(_delta("machineTypes", current.machine_types, config.machine_types))
     changes = [c for c in changes if c]
     return ClusterChange(config.name, "updated" if changes else "unchanged", tuple(changes))
+
+
+def _change_of(plan: DocumentPlan, cluster: Cluster | None) -> ClusterChange:
+    """``_change`` plus the ``quotas.*`` keys the document changes on an existing cluster."""
+    change = _change(plan.config, cluster)
+    keys = plan.quotas.changed_keys(cluster) if cluster is not None else []
+    if not keys:
+        return change
+    return ClusterChange(change.name, "updated", (*change.changes, *keys))
 
 
 def _count(n: int, what: str) -> str:
