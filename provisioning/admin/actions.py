@@ -91,8 +91,13 @@ def provision(
     queued: list[str] = []
     deleting: list[str] = []
     busy: list[str] = []
+    refused: list[str] = []
     for proxy in proxies:
-        op = operations.proxy_retry(proxy=proxy, user=request.user, via=ADMIN)
+        try:
+            op = operations.proxy_retry(proxy=proxy, user=request.user, via=ADMIN)
+        except ValidationError as err:  # a quota: the cluster has too many creates in flight
+            refused.append(f"{proxy.name}: {_errors(err)}")
+            continue
         if op.pk in running_before:
             busy.append(proxy.name)
         elif op.kind == OperationKind.DELETE:
@@ -132,6 +137,7 @@ def provision(
             % {"count": len(busy), "names": _names(busy)},
             messages.INFO,
         )
+    _report_skipped(modeladmin, request, refused)
 
 
 # --- replace -----------------------------------------------------------------------------------

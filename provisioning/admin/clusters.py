@@ -122,6 +122,14 @@ class ClusterAdmin(GuardedActionsMixin):
             "Behaviour",
             {"fields": ("request_timeout_seconds", "install_guest_agent", "vendor_data")},
         ),
+        (
+            "Quotas",
+            {
+                "fields": ("max_proxies", "max_concurrent_creates"),
+                "description": "Blank is unlimited; 0 refuses every new proxy or create. A "
+                "declaration over a limit is refused whole, naming the limit.",
+            },
+        ),
         ("Node health", {"fields": ("node_health",)}),
         (
             "Circuit breaker",

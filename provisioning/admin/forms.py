@@ -14,6 +14,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 
+from provisioning import sealing
 from provisioning.models import Cluster, MachineType, Proxy, Template
 from provisioning.models.choices import DesiredState
 from provisioning.models.proxy import PROXY_NAME
@@ -24,6 +25,7 @@ from provisioning.services.operations import (
     numbered_names,
     validate_placement,
 )
+from provisioning.services.quotas import cluster_quota_problems
 
 # One request writes the whole batch in one transaction; past this the page would time out.
 BULK_MAX = 500
@@ -153,7 +155,33 @@ class ProxyForm(forms.ModelForm):
                 self.add_error(None, err)
         if self.instance.pk and self.instance.desired_state == DesiredState.DELETED:
             raise ValidationError("the proxy is being deleted; it cannot be changed")
+        if cluster is not None and not self.errors:
+            self._quota_errors(cluster, cleaned)
         return cleaned
+
+    def _quota_errors(self, cluster: Cluster, cleaned: dict[str, Any]) -> None:
+        """The cluster's quotas, checked before the save (the service checks again under the
+        cluster's lock): a new proxy adds a proxy and a create, a changed spec a replace."""
+        proxy = self.instance
+        if not proxy.pk:
+            problems = cluster_quota_problems(cluster=cluster, proxies=1, creates=1)
+        elif self._replaces(proxy, cleaned):
+            problems = cluster_quota_problems(
+                cluster=cluster, proxies=0, creates=1, superseding=proxy
+            )
+        else:
+            return
+        for problem in problems:
+            self.add_error(None, problem)
+
+    def _replaces(self, proxy: Proxy, cleaned: dict[str, Any]) -> bool:
+        placement = ("zone", "machine_type", "image")
+        if any((cleaned.get(f) or "") != getattr(proxy, f) for f in placement):
+            return True
+        data = self.cloud_init_bytes
+        return data is not None and (sealing.digest(data) if data else "") != (
+            proxy.cloud_init_sha256
+        )
 
 
 class BulkCreateForm(forms.Form):
@@ -257,6 +285,8 @@ class ClusterForm(forms.ModelForm):
             "vmid_max": "Highest VMID",
             "request_timeout_seconds": "Request timeout (seconds)",
             "vendor_data": "Vendor-data",
+            "max_proxies": "Max proxies (maxProxies)",
+            "max_concurrent_creates": "Max concurrent creates (maxConcurrentCreates)",
         }
         widgets = {"url": _WIDE, "token_file": _WIDE, "ca_file": _WIDE}
 

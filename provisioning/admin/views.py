@@ -29,7 +29,7 @@ from provisioning import sealing
 from provisioning.models import Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.proxmox.errors import ClassifiedError
-from provisioning.services import operations, plans
+from provisioning.services import operations, plans, quotas
 from provisioning.services.operations import numbered_names
 
 from .common import PROVISION
@@ -84,6 +84,19 @@ class BulkCreateView(_BulkView):
             form.add_error("prefix", f"proxies already exist: {_shown(taken)}")
             return self.render(request, form=form)
         data = form.cleaned_data
+        # The quotas, at the preview already; the confirm checks them again under lock.
+        try:
+            quotas.bulk_create_admit(user=request.user, count=len(names))
+        except ValidationError as err:
+            form.add_error("count", err)
+            return self.render(request, form=form)
+        problems = quotas.cluster_quota_problems(
+            cluster=data["cluster"], proxies=len(names), creates=len(names)
+        )
+        if problems:
+            for problem in problems:
+                form.add_error("cluster", problem)
+            return self.render(request, form=form)
         cloud_init = form.cloud_init_bytes
         confirm = BulkConfirmForm(
             initial={

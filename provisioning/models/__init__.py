@@ -7,6 +7,7 @@ from .installation import Installation
 from .lease import JobLease
 from .operation import Operation, OperationStep
 from .proxy import Proxy
+from .quota import UserQuota
 
 __all__ = [
     "CircuitBreaker",
@@ -21,4 +22,5 @@ __all__ = [
     "OperationStep",
     "Proxy",
     "Template",
+    "UserQuota",
 ]

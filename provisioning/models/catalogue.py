@@ -29,6 +29,10 @@ LABEL = RegexValidator(
     "lower-case letters, digits and inner hyphens (a DNS label)",
 )
 
+# The largest quota a catalogue or the admin accepts: far above any real fleet, and small enough
+# that a typo of a few extra digits is refused instead of meaning "unlimited".
+QUOTA_MAX = 1_000_000
+
 # Seed key path (ProxmoxConfig) → model field, so admin errors land on the right field.
 _FIELD_FOR_PATH = {
     "name": "name",
@@ -79,6 +83,20 @@ class Cluster(models.Model):
     # (``save``), so trust given to one host never carries over to another.
     ca_fingerprint = models.CharField(
         "CA fingerprint (SHA-256)", max_length=95, blank=True, editable=False
+    )
+    # Quotas (catalogue key ``quotas``): blank is unlimited, 0 refuses every new one. They are
+    # enforced when a proxy is declared (services.quotas), never on work already admitted.
+    max_proxies = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(QUOTA_MAX)],
+        help_text="live proxies (not being deleted) the cluster may hold; blank: unlimited",
+    )
+    max_concurrent_creates = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(QUOTA_MAX)],
+        help_text="creates and replaces in flight at once; blank: unlimited",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

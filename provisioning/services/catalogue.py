@@ -1,7 +1,8 @@
 """The catalogue as YAML documents: their format, loading, and the checks that need no database.
 
 A document is ``apiVersion: proxyhub/v1``, ``kind: ProxmoxCluster``, then seed 000 entry 15's
-keys plus ``name``, all at the top level (DESIGN.md §7). Validation is the provider's own
+keys plus ``name``, all at the top level (DESIGN.md §7), and proxyhub's own optional ``quotas``
+map (``services.quotas``). Validation is the provider's own
 (``ProxmoxConfig.from_mapping``), so a value refused here is refused in the admin too, plus the
 limits of the database columns the values land in. Every problem is collected under its path
 (``FILE[INDEX].templates.debian-13.vmid``), so an operator fixes a catalogue in one pass.
@@ -29,6 +30,7 @@ from .credentials import (
     credentials_file_missing,
     credentials_file_problem,
 )
+from .quotas import CATALOGUE_KEY, ClusterQuotas, cluster_quotas_parse
 
 API_VERSION = "proxyhub/v1"
 KIND = "ProxmoxCluster"
@@ -102,6 +104,7 @@ class DocumentPlan:
 
     where: str  # "FILE[INDEX]", the prefix of every path of this document
     config: ProxmoxConfig
+    quotas: ClusterQuotas = field(default_factory=ClusterQuotas)  # proxyhub's own key
     # The CA in caFile as it is now (blank: none yet): importing is the operating-system user
     # trusting it for the url (issue 11, services.credentials).
     ca_fingerprint: str = ""
@@ -132,13 +135,17 @@ def catalogue_validate(documents: Sequence[Mapping[str, Any]]) -> Findings:
             found.problems.append(FieldError(where, "must be a map of settings"))
             continue
         found.problems.extend(_envelope_problems(document, where))
-        body = {k: v for k, v in document.items() if k not in _ENVELOPE}
+        body = {k: v for k, v in document.items() if k not in (*_ENVELOPE, CATALOGUE_KEY)}
+        quotas, quota_problems = cluster_quotas_parse(
+            document.get(CATALOGUE_KEY), path=f"{where}.{CATALOGUE_KEY}"
+        )
+        found.problems.extend(quota_problems)
         try:
             config = ProxmoxConfig.from_mapping(
                 body, installation_id=PLACEHOLDER_INSTALLATION, prefix=f"{where}."
             )
         except ConfigError as err:
-            found.problems.extend(err.errors)
+            found.problems.extend(_with_quotas_allowed(err.errors, where))
             continue
         found.problems.extend(_column_problems(config, where))
         found.problems.extend(_credentials_problems(config, where))
@@ -153,10 +160,22 @@ def catalogue_validate(documents: Sequence[Mapping[str, Any]]) -> Findings:
             continue
         named[config.name] = where
         found.plans.append(
-            DocumentPlan(where, config, ca_fingerprint_now(ca_file=config.ca_file or ""))
+            DocumentPlan(where, config, quotas, ca_fingerprint_now(ca_file=config.ca_file or ""))
         )
         found.warnings.extend(_file_warnings(config, where))
     return found
+
+
+def _with_quotas_allowed(problems: Sequence[FieldError], where: str) -> list[FieldError]:
+    """The provider lists its own keys when it refuses an unknown top-level key; ``quotas`` is
+    read here, beside it, so it is added to that list."""
+    unknown = "is not a known key; allowed: "
+    return [
+        FieldError(p.path, f"{p.message}, {CATALOGUE_KEY}")
+        if p.message.startswith(unknown) and "." not in p.path.removeprefix(f"{where}.")
+        else p
+        for p in problems
+    ]
 
 
 def _envelope_problems(document: Mapping[str, Any], where: str) -> list[FieldError]:

@@ -10,6 +10,7 @@ from provisioning.models import Cluster
 from provisioning.proxmox.config import FieldError
 
 from .catalogue import API_VERSION, KIND, PLACEHOLDER_INSTALLATION, CatalogueError
+from .quotas import CATALOGUE_KEY, cluster_quotas_of
 
 
 class _Dumper(yaml.SafeDumper):
@@ -22,6 +23,13 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 
 
 _Dumper.add_representer(str, _represent_str)
+
+
+def _quotas(cluster: Cluster) -> dict[str, dict[str, int]]:
+    """The ``quotas:`` map, only when the cluster has a limit (an unlimited cluster's document
+    reads as it did before quotas existed)."""
+    limits = cluster_quotas_of(cluster).to_mapping()
+    return {CATALOGUE_KEY: limits} if limits else {}
 
 
 def catalogue_export(clusters: Iterable[str] | None = None) -> str:
@@ -42,6 +50,7 @@ def catalogue_export(clusters: Iterable[str] | None = None) -> str:
             "apiVersion": API_VERSION,
             "kind": KIND,
             **c.proxmox_config(PLACEHOLDER_INSTALLATION).to_mapping(),
+            **_quotas(c),
         }
         for c in rows
     ]

@@ -107,7 +107,7 @@ def _apply(plans: list[DocumentPlan], *, dry_run: bool) -> list[ClusterChange]:
             problems.extend(_removal_problems(plan, cluster))
     if problems:
         raise CatalogueError(problems, headline="the catalogue was refused; nothing was written")
-    changes = [_change(plan, existing.get(plan.config.name)) for plan in plans]
+    changes = [_change_of(plan, existing.get(plan.config.name)) for plan in plans]
     if not dry_run:
         for plan, change in zip(plans, changes, strict=True):
             if change.action != "unchanged":
@@ -225,6 +225,15 @@ def _change(plan: DocumentPlan, cluster: Cluster | None) -> ClusterChange:
     return ClusterChange(config.name, "updated" if changes else "unchanged", tuple(changes))
 
 
+def _change_of(plan: DocumentPlan, cluster: Cluster | None) -> ClusterChange:
+    """``_change`` plus the ``quotas.*`` keys the document changes on an existing cluster."""
+    change = _change(plan, cluster)
+    keys = plan.quotas.changed_keys(cluster) if cluster is not None else []
+    if not keys:
+        return change
+    return ClusterChange(change.name, "updated", (*change.changes, *keys))
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
@@ -257,6 +266,7 @@ def _write(plan: DocumentPlan, cluster: Cluster | None) -> Cluster:
         if value is None and field_name in _BLANK_WHEN_UNSET:
             value = ""
         setattr(cluster, field_name, value)
+    plan.quotas.apply(cluster)
     cluster.trust_ca(trusted)
     if cluster.pk is None:
         cluster.save()

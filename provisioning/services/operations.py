@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import secrets
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -39,7 +40,7 @@ from provisioning.models.choices import (
 from provisioning.proxmox.errors import PermanentError
 from provisioning.proxmox.placement import resolve_machine_type, resolve_template, resolve_zone
 
-from . import dispatch, policy, tracing
+from . import dispatch, policy, quotas, tracing
 from .clock import db_now
 
 if TYPE_CHECKING:
@@ -118,7 +119,16 @@ def proxy_create(
     via: str = RequestedVia.COMMAND,
     idempotency_key: str | None = None,
 ) -> Operation:
-    """Write the proxy and its ``create`` operation; send the first step after commit."""
+    """Write the proxy and its ``create`` operation; send the first step after commit.
+
+    Refused (``quotas.QuotaExceeded``) when the cluster's quotas leave no room for it."""
+    return _create(spec, user, via, idempotency_key, admit=True)
+
+
+def _create(
+    spec: ProxySpec, user: User, via: str, idempotency_key: str | None, *, admit: bool
+) -> Operation:
+    """``proxy_create``; ``admit=False`` when the caller has admitted the whole batch already."""
     inputs = _inputs_hash(
         "create",
         spec.name,
@@ -145,6 +155,8 @@ def proxy_create(
     proxy.full_clean(exclude=["cluster"])
     try:
         with transaction.atomic():
+            if admit:
+                quotas.cluster_quota_admit(cluster=spec.cluster, proxies=1, creates=1)
             proxy.save()
             return _start(proxy, OperationKind.CREATE, user, via, idempotency_key, inputs)
     except IntegrityError as err:
@@ -162,11 +174,15 @@ def proxies_create(
 ) -> list[Operation]:
     """Create many proxies in one transaction: all are written, or none is.
 
+    Refused whole (``quotas.QuotaExceeded``) when the batch is larger than the requester's bulk
+    limit, or would take a cluster past its quotas.
+
     With ``idempotency_key``, each proxy's create gets the key ``<key>:create:<name>``: the
     same request made again (a command re-run after its connection dropped) returns the
     operations the first one made instead of refusing the names as taken.
     """
     specs = list(specs)
+    quotas.bulk_create_admit(user=user, count=len(specs))
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -188,10 +204,11 @@ def proxies_create(
     )
     if taken:
         raise ValidationError({"name": f"proxies already exist: {', '.join(taken)}"})
+    # What the batch adds per cluster: a proxy this key made already is held, not added.
+    adding = Counter(s.cluster.pk for s in specs if s.name not in made)
     with transaction.atomic():
-        return [
-            proxy_create(spec=s, user=user, via=via, idempotency_key=keys[s.name]) for s in specs
-        ]
+        quotas.clusters_quota_admit(adding=adding)
+        return [_create(s, user, via, keys[s.name], admit=False) for s in specs]
 
 
 def proxy_request_delete(
@@ -228,8 +245,12 @@ def proxy_update(
     user: User = None,
     via: str = RequestedVia.COMMAND,
 ) -> Operation | None:
-    """Change placement or cloud-init; the VM is replaced. Returns None when nothing changed."""
+    """Change placement or cloud-init; the VM is replaced. Returns None when nothing changed.
+
+    Refused (``quotas.QuotaExceeded``) with nothing changed when the cluster's creates in flight
+    leave no room for the replace."""
     with transaction.atomic():
+        quotas.cluster_lock(cluster_ids=[proxy.cluster_id])  # the cluster before its proxy
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         before = locked.compute_spec_hash()
         if zone is not None:
@@ -262,9 +283,12 @@ def proxy_replace(
     if existing is not None:
         return existing
     with transaction.atomic():
+        quotas.cluster_lock(cluster_ids=[proxy.cluster_id])  # the cluster before its proxy
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         if locked.desired_state == DesiredState.DELETED:
             raise ValidationError("the proxy is being deleted; it cannot be replaced")
+        # A replace builds a VM as a create does; the proxy's own unfinished build ends here.
+        quotas.cluster_quota_admit(cluster=locked.cluster, proxies=0, creates=1, superseding=locked)
         _supersede(locked, "replace")
         locked.phase = Phase.PENDING
         locked.last_error, locked.last_error_class = "", ""
@@ -287,6 +311,7 @@ def proxy_retry(
     if existing is not None:
         return existing
     with transaction.atomic():
+        quotas.cluster_lock(cluster_ids=[proxy.cluster_id])  # the cluster before its proxy
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         active = _active(locked).first()
         if active is not None:
@@ -298,6 +323,11 @@ def proxy_retry(
             if locked.desired_state == DesiredState.DELETED
             else OperationKind.CREATE
         )
+        if kind == OperationKind.CREATE:
+            # A create again: it counts against the creates in flight (a delete never waits).
+            quotas.cluster_quota_admit(
+                cluster=locked.cluster, proxies=0, creates=1, superseding=locked
+            )
         locked.phase = Phase.DELETING if kind == OperationKind.DELETE else Phase.PENDING
         locked.last_error, locked.last_error_class = "", ""
         locked.save(update_fields=["phase", "last_error", "last_error_class", "updated_at"])

@@ -274,6 +274,9 @@ DEFAULT_EXCEPTION_REPORTER_FILTER = "proxyhub.error_reports.SensitiveReporterFil
 # Seed 000 entry 3 requires a zone on a cluster of several nodes; proxyhub places a blank
 # zone itself unless this is set (docs/operator-guide.md, "Placement").
 PROXYHUB_ZONE_REQUIRED = env.bool("PROXYHUB_ZONE_REQUIRED", default=False)
+# How many proxies one bulk create (the admin's bulk page, `proxies create`) may declare, for a
+# user without a UserQuota of their own and for every command (docs/operator-guide.md, "Quotas").
+PROXYHUB_MAX_BULK_CREATE = env.int("PROXYHUB_MAX_BULK_CREATE", default=100)
 PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900)
 # Issue 11: the one directory a cluster's tokenFile and caFile may name files in (symlinks
 # resolved), so no one who may edit a cluster can have another file sent as its token or probe

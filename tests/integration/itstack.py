@@ -662,6 +662,8 @@ def stack_env(
             "PROXYHUB_LOG_LEVEL": "INFO",
             # The simulator's token and CA live in pytest's temporary directories.
             "PROXYHUB_CREDENTIALS_DIR": tempfile.gettempdir(),
+            # The benchmarks declare fleets of hundreds with one `proxies create --count`.
+            "PROXYHUB_MAX_BULK_CREATE": "10000",
         }
     )
     env.update(extra or {})

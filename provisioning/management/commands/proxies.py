@@ -44,6 +44,9 @@ any is refused nothing is created. Three forms:
       creates P-1 .. P-N, numbers zero-padded to the width of N (P-01 .. P-20 for 20);
       refused when any of those names exists already
 
+Refused whole when the request declares more than PROXYHUB_MAX_BULK_CREATE proxies, or would
+take a cluster past its quotas (maxProxies, maxConcurrentCreates); the message names the limit.
+
 Prints one line per proxy: its name and uid.
 """
 
