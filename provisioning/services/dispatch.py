@@ -17,6 +17,7 @@ STEP_TASK = "proxyhub.provisioning.step"
 SWEEP_TASK = "proxyhub.provisioning.sweep"
 RECONCILE_TASK = "proxyhub.provisioning.reconcile"
 GC_TASK = "proxyhub.provisioning.gc"
+PRUNE_JOURNAL_TASK = "proxyhub.provisioning.prune_journal"
 
 # Step messages travel on the default queue; the periodic jobs that keep the loop alive (sweep,
 # reconcile, GC) have a small queue of their own, so a backlog of steps can never starve them.

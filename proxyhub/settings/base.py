@@ -291,6 +291,13 @@ PROXYHUB_HEALTH_STALE_SECONDS = env.int(
 PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS = env.int(
     "PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS", default=3600
 )
+# Days the journal keeps a finished operation (services.retention); a live proxy's newest
+# finished operation of each kind is kept regardless. 0 keeps everything.
+PROXYHUB_JOURNAL_RETENTION_DAYS = env.int("PROXYHUB_JOURNAL_RETENTION_DAYS", default=90)
+# How often Beat prunes the journal.
+PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS = env.int(
+    "PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS", default=3600
+)
 # The control loop's timings (docs/operator-guide.md, "Retries and ceilings"; the defaults and
 # their reasons are in provisioning/services/policy.py, circuit.py, rounds.py and sweeper.py).
 # A delivery's claim on a step: renewed every third of it while the step runs, so a worker
@@ -436,6 +443,7 @@ CELERY_TASK_ROUTES = {
     "proxyhub.provisioning.sweep": {"queue": "control"},
     "proxyhub.provisioning.reconcile": {"queue": "control"},
     "proxyhub.provisioning.gc": {"queue": "control"},
+    "proxyhub.provisioning.prune_journal": {"queue": "control"},
 }
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
