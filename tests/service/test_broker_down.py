@@ -11,34 +11,26 @@ Bounded by pytest's timeout, not by a timing assertion: a publish that hung woul
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import Celery
-from celery import _state as celery_state
-from django.conf import settings
 from pump import make_cluster
+from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
 from test_admin_support import PROXY_LIST, People, changelist_post, people_fixture  # noqa: F401
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase
 from provisioning.services.dispatch import STEP_QUEUE, STEP_TASK
 from provisioning.services.sweeper import operations_sweep
-from proxyhub.settings.base import redis_transport_options
-
-redis = pytest.importorskip("redis")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 REDIS_DB = 13
-LIVE_BROKER = f"redis://127.0.0.1:6379/{REDIS_DB}"
+LIVE_BROKER = f"{REDIS_HOST}/{REDIS_DB}"
 UNREACHABLE = "The task queue is unreachable"
 
 
@@ -48,52 +40,17 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextmanager
-def broker(url: str) -> Iterator[Celery]:
-    """The process's Celery app, as settings make it for a Redis ``REDIS_URL``, on ``url``."""
-    app = Celery("proxyhub-broker-test", set_as_current=False)
-    app.config_from_object("django.conf:settings", namespace="CELERY")
-    app.conf.update(
-        CELERY_BROKER_URL=url,
-        CELERY_BROKER_TRANSPORT_OPTIONS=redis_transport_options(
-            settings.PROXYHUB_BROKER_TIMEOUT_SECONDS
-        ),
-    )
-    previous = celery_state.get_current_app()
-    app.set_current()
-    try:
-        yield app
-    finally:
-        previous.set_current()
-        app.close()
-
-
 @pytest.fixture
 def live_queue() -> Iterator[Any]:
-    client = redis.Redis.from_url(LIVE_BROKER)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    client.flushdb()
-    try:
-        yield client
-    finally:
-        client.flushdb()
-        client.close()
+    yield from redis_db(REDIS_DB)
 
 
 def _step_messages(queue: Any) -> list[dict[str, Any]]:
-    """The step messages in the Redis list of the step queue, decoded (Celery protocol 2)."""
-    found = []
-    for raw in queue.lrange(STEP_QUEUE, 0, -1):
-        envelope = json.loads(raw)
-        body = envelope["body"]
-        if envelope["properties"].get("body_encoding") == "base64":
-            body = base64.b64decode(body)
-        _, kwargs, _ = json.loads(body)
-        found.append({"task": envelope["headers"]["task"], **kwargs})
-    return found
+    return [
+        {"task": m["task"], **m["kwargs"]}
+        for m in queue_messages(queue)
+        if m["queue"] == STEP_QUEUE
+    ]
 
 
 def _page_messages(client: Any, response: Any) -> str:
@@ -149,7 +106,7 @@ def test_admin_work_is_recorded_shown_as_waiting_and_sent_by_the_sweeper(
         assert "sweeper" in page
     unsent = [r for r in caplog.records if r.getMessage().startswith("step message not sent")]
     assert {r.operation for r in unsent} == {str(create.pk), str(delete.pk)}  # type: ignore[attr-defined]
-    assert live_queue.llen(STEP_QUEUE) == 0
+    assert queue_messages(live_queue) == []
 
     # The broker is back: the sweeper sends both steps, with the tokens the journal holds.
     with broker(LIVE_BROKER):
