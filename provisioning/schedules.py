@@ -32,6 +32,13 @@ SCHEDULES: dict[str, tuple[str, str, int, str]] = {
         10,
         "control",
     ),
+    # Journal retention (services.retention): hourly is plenty for a limit counted in days.
+    "proxyhub: journal pruning": (
+        "proxyhub.provisioning.prune_journal",
+        "PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS",
+        3600,
+        "control",
+    ),
 }
 
 

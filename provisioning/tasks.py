@@ -13,11 +13,12 @@ import logging
 from celery import Task, shared_task
 from django.db import InterfaceError, OperationalError
 
-from provisioning.services import driver, sweeper
+from provisioning.services import driver, retention, sweeper
 from provisioning.services import gc as gc_service
 from provisioning.services import reconcile as reconcile_service
 from provisioning.services.dispatch import (
     GC_TASK,
+    PRUNE_JOURNAL_TASK,
     RECONCILE_TASK,
     STEP_TASK,
     SWEEP_TASK,
@@ -98,3 +99,14 @@ def gc() -> int:
         return len(gc_service.gc_run())
     except (LeaseHeld, gc_service.GcRefused):
         return 0
+
+
+@shared_task(
+    name=PRUNE_JOURNAL_TASK,
+    ignore_result=True,
+    soft_time_limit=300,
+    time_limit=360,
+)
+def prune_journal() -> int:
+    """Delete finished operations past PROXYHUB_JOURNAL_RETENTION_DAYS (services.retention)."""
+    return retention.journal_prune()

@@ -40,12 +40,28 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # /metrics' optional bearer token and any other bearer credential.
     (re.compile(r"(\bBearer\s+)" + _VALUE_CHARS, re.IGNORECASE), r"\1" + REDACTED),
+    # PEM blocks: a CA bundle's or a key's content, wherever it is quoted (an unterminated block,
+    # cut by a repr or a length limit, goes to the end of the text).
+    (
+        re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----.*?(?:-----END \1-----|\Z)", re.DOTALL),
+        r"-----BEGIN \1-----" + REDACTED,
+    ),
 )
 
-# extra= keys whose whole value is a secret or cloud-init user-data (which may hold secrets).
-_SENSITIVE_KEYS = frozenset(
-    {"token", "secret", "password", "authorization", "cloud_init", "user_data"}
+# Names (of extra= keys, form fields, dict keys, local variables) whose whole value is a secret
+# or may hold one: the Proxmox token and its file, passwords, cloud-init user-data and
+# vendor-data, CA content, cookies and session ids. Compared with case, "-" and "_" dropped, so
+# cloud_init, cloud-init, cloudInit and cloud_init_file all match "cloudinit".
+_SENSITIVE_NAME = re.compile(
+    r"^cloudinit|userdata|vendordata|token|secret|passw|passphrase|^pass$|authorization|cookie"
+    r"|sessionid|privatekey|apikey|^ca$|^cafile|^capem|^cacert|^cabundle|sealed"
 )
+
+
+def is_sensitive_name(name: str) -> bool:
+    """Whether a value called ``name`` is masked whole wherever it is reported or logged."""
+    return bool(_SENSITIVE_NAME.search(name.lower().replace("-", "").replace("_", "")))
+
 
 # Attributes every LogRecord has; anything else on a record came from extra=.
 _RECORD_ATTRS = frozenset(
@@ -62,9 +78,13 @@ def redact(text: str) -> str:
 
 
 def redact_value(key: str, value: Any) -> Any:
-    """``value`` with secrets masked: all of it when ``key`` names a secret, else token strings
-    inside it (through dicts, lists and tuples)."""
-    if key.lower() in _SENSITIVE_KEYS and value not in (None, ""):
+    """``value`` with secrets masked: all of it when ``key`` names a secret
+    (``is_sensitive_name``), binary data by its size only (an upload body, an ISO image, raw
+    cloud-init), else token strings inside it, through dicts (by their keys), lists and tuples.
+    """
+    if isinstance(value, bytes | bytearray | memoryview):
+        return f"<{len(value)} bytes>"
+    if key and is_sensitive_name(key) and value not in (None, ""):
         return REDACTED
     if isinstance(value, str):
         return redact(value)

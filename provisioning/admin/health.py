@@ -12,9 +12,9 @@ import importlib
 from typing import Any
 
 from django.apps import apps
-from django.db import transaction
 
 from provisioning.models import Cluster
+from provisioning.services import dispatch
 
 # healthchecks.schedules.CHECK_TASK: one round over every cluster, on the ``health`` queue.
 CHECK_ROUND_TASK = "proxyhub.health.check_round"
@@ -58,5 +58,8 @@ def request_check_round() -> bool:
 
     if not installed():
         return False
-    transaction.on_commit(lambda: current_app.send_task(CHECK_ROUND_TASK, queue="health"))
+    dispatch.publish_after_commit(
+        lambda: current_app.send_task(CHECK_ROUND_TASK, queue="health"),
+        what="node health round",
+    )
     return True

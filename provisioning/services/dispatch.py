@@ -7,22 +7,56 @@ must never point at a row that a rolled-back transaction took back.
 
 Tests replace ``send_step`` on this module (the service tests' pump does), so callers look it up
 here at call time rather than binding it on import.
+
+A send after commit never fails the request or task whose data it follows: the operation is
+already in the journal, due now, with its token. When the broker cannot be reached (the publish
+is bounded by the broker timeouts and retry policy in settings), the failure is logged without
+the message's content and noted for the current request (``collecting_unsent``), and the
+sweeper sends the step once the broker answers again (it re-sends any step overdue by its grace
+period, whether its first message was lost in the broker or never left this process).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
 from django.db import transaction
+from kombu.exceptions import OperationalError as BrokerError
 
 STEP_TASK = "proxyhub.provisioning.step"
 SWEEP_TASK = "proxyhub.provisioning.sweep"
 RECONCILE_TASK = "proxyhub.provisioning.reconcile"
 GC_TASK = "proxyhub.provisioning.gc"
+PRUNE_JOURNAL_TASK = "proxyhub.provisioning.prune_journal"
 
 # Step messages travel on the default queue; the periodic jobs that keep the loop alive (sweep,
 # reconcile, GC) have a small queue of their own, so a backlog of steps can never starve them.
 STEP_QUEUE = "provisioning"
 CONTROL_QUEUE = "control"
 
+
+log = logging.getLogger("proxyhub.operations")
+
+
+@dataclass
+class Unsent:
+    """What could not be sent during a request: operations whose step message is left to the
+    sweeper, and other messages by what they were (a health round)."""
+
+    operations: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.operations or self.other)
+
+
+# Filled for whoever is collecting (the admin's request, so its page can say the work waits for
+# the queue); None when nobody is.
+_unsent: ContextVar[Unsent | None] = ContextVar("proxyhub_unsent", default=None)
 
 # The message header that carries the operation's trace context (services.tracing).
 TRACE_HEADER = "traceparent"
@@ -48,5 +82,60 @@ def send_step(
 def send_after_commit(
     operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
 ) -> None:
-    """Send the step once the surrounding transaction commits (at once outside a transaction)."""
-    transaction.on_commit(lambda: send_step(operation_id, token, countdown, trace_parent))
+    """Send the step once the surrounding transaction commits (at once outside a transaction).
+
+    A broker that cannot be reached never raises into the caller (module docstring): the data
+    is committed by then, and the sweeper sends the step later.
+    """
+
+    def send_or_leave_to_sweeper() -> None:
+        try:
+            send_step(operation_id, token, countdown, trace_parent)
+        except (BrokerError, OSError) as err:
+            note_unsent(operation_id, err)
+
+    # robust: anything else a publish raises is logged by Django rather than turned into a 500
+    # for a request whose data is already committed.
+    transaction.on_commit(send_or_leave_to_sweeper, robust=True)
+
+
+def note_unsent(operation_id: str, err: BaseException) -> None:
+    """Log that a step message was not sent (the error's class only: a broker error's text is
+    not needed and a URL in it could carry a password) and tell the collector, if any."""
+    log.warning(
+        "step message not sent: the broker is unreachable; the sweeper sends it once it is back",
+        extra={"operation": operation_id, "error": type(err).__name__},
+    )
+    unsent = _unsent.get()
+    if unsent is not None:
+        unsent.operations.append(operation_id)
+
+
+def publish_after_commit(publish: Callable[[], None], *, what: str) -> None:
+    """Run ``publish`` (a send that is not a step, e.g. a health round) after commit; a broker
+    that cannot be reached is logged as ``what`` not sent, never raised into the request."""
+
+    def publish_or_log() -> None:
+        try:
+            publish()
+        except (BrokerError, OSError) as err:
+            log.warning(
+                "message not sent: the broker is unreachable",
+                extra={"what": what, "error": type(err).__name__},
+            )
+            unsent = _unsent.get()
+            if unsent is not None:
+                unsent.other.append(what)
+
+    transaction.on_commit(publish_or_log, robust=True)
+
+
+@contextmanager
+def collecting_unsent() -> Iterator[Unsent]:
+    """Within the block, what could not be sent is recorded on the ``Unsent`` it yields."""
+    found = Unsent()
+    reset = _unsent.set(found)
+    try:
+        yield found
+    finally:
+        _unsent.reset(reset)

@@ -151,6 +151,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # After MessageMiddleware: tells the next page when work could not reach the task queue.
+    "provisioning.admin.queue_notice.UnsentWorkNoticeMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Content-Security-Policy on every response (CONTENT_SECURITY_POLICY below).
     "csp.middleware.CSPMiddleware",
@@ -300,6 +302,13 @@ PROXYHUB_HEALTH_STALE_SECONDS = env.int(
 PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS = env.int(
     "PROXYHUB_HEALTH_PRUNE_INTERVAL_SECONDS", default=3600
 )
+# Days the journal keeps a finished operation (services.retention); a live proxy's newest
+# finished operation of each kind is kept regardless. 0 keeps everything.
+PROXYHUB_JOURNAL_RETENTION_DAYS = env.int("PROXYHUB_JOURNAL_RETENTION_DAYS", default=90)
+# How often Beat prunes the journal.
+PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS = env.int(
+    "PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS", default=3600
+)
 # The control loop's timings (docs/operator-guide.md, "Retries and ceilings"; the defaults and
 # their reasons are in provisioning/services/policy.py, circuit.py, rounds.py and sweeper.py).
 # A delivery's claim on a step: renewed every third of it while the step runs, so a worker
@@ -374,6 +383,24 @@ if PROXYHUB_SECRETS_KEY and len(PROXYHUB_SECRETS_KEY) < 32:
 # ----------------------------------------------------------------------------------------------
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html
 REDIS_URL = env.str("REDIS_URL", default="")
+
+
+def redis_transport_options(timeout: float) -> dict[str, object]:
+    """kombu's Redis transport options. The socket timeouts bound a publish to a Redis that does
+    not answer (a host that drops packets, a hung server): without them a web request sending
+    after commit waits for the kernel's TCP timeout, minutes (services.dispatch); kombu's own
+    documentation asks for ``socket_timeout`` wherever the broker can vanish without closing the
+    connection. A worker's BRPOP waits 1 s per round, well inside them."""
+    return {
+        "visibility_timeout": 3600,
+        "socket_connect_timeout": timeout,
+        "socket_timeout": timeout,
+    }
+
+
+# Seconds a connection to the broker, or one read or write on it, may take before a publish
+# counts as failed.
+PROXYHUB_BROKER_TIMEOUT_SECONDS = env.float("PROXYHUB_BROKER_TIMEOUT_SECONDS", default=3.0)
 BROKER_DIR = VAR_DIR / "broker"
 
 if REDIS_URL:
@@ -383,7 +410,8 @@ if REDIS_URL:
     # above the longest task (hard limit) plus the longest countdown, or a step still running or
     # still waiting out its countdown is delivered twice (research/reliability.md §5 item 6; the
     # rule is enforced by the system check in proxyhub.celery).
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
+    # The socket timeouts bound a publish to a Redis that does not answer (below).
+    CELERY_BROKER_TRANSPORT_OPTIONS = redis_transport_options(PROXYHUB_BROKER_TIMEOUT_SECONDS)
 else:
     # The embedded broker for one machine: kombu's filesystem transport needs no server. Producer
     # and consumer read this same configuration, so "in" and "out" are one folder. The control
@@ -404,6 +432,16 @@ else:
 
 # Keep retrying the broker while it starts (compose starts everything at once).
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A publish gives up within seconds when the broker is down: a few quick retries, then the
+# sender logs it and the journal sweeper sends the step once the broker is back. A web request
+# never hangs on a dead broker after its data committed (services.dispatch).
+CELERY_BROKER_CONNECTION_TIMEOUT = PROXYHUB_BROKER_TIMEOUT_SECONDS
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
 # JSON only: a pickle payload from the broker is code execution.
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"
@@ -445,6 +483,7 @@ CELERY_TASK_ROUTES = {
     "proxyhub.provisioning.sweep": {"queue": "control"},
     "proxyhub.provisioning.reconcile": {"queue": "control"},
     "proxyhub.provisioning.gc": {"queue": "control"},
+    "proxyhub.provisioning.prune_journal": {"queue": "control"},
 }
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

@@ -53,6 +53,8 @@ print("DUMP " + json.dumps({
     "db": {"ENGINE": db["ENGINE"], "NAME": str(db["NAME"]), "OPTIONS": db.get("OPTIONS", {})},
     "broker_url": s.CELERY_BROKER_URL,
     "transport_options": s.CELERY_BROKER_TRANSPORT_OPTIONS,
+    "publish_retry": s.CELERY_TASK_PUBLISH_RETRY_POLICY,
+    "connection_timeout": s.CELERY_BROKER_CONNECTION_TIMEOUT,
     "multiproc": s.PROMETHEUS_MULTIPROC_DIR,
     "ssl_redirect": s.SECURE_SSL_REDIRECT,
     "knobs": {k: getattr(s, k) for k in dir(s) if k.startswith("PROXYHUB_")},
@@ -164,7 +166,15 @@ def test_redis_and_postgres_urls_are_used_as_given(prod_env: dict[str, str]) -> 
     }
     dumped = _settings_in(env)
     assert dumped["broker_url"] == "redis://:brokerpass@redis.internal:6379/2"
-    assert dumped["transport_options"] == {"visibility_timeout": 3600}
+    # A publish to a Redis that does not answer fails within seconds (issue 11).
+    assert dumped["transport_options"] == {
+        "visibility_timeout": 3600,
+        "socket_connect_timeout": 3.0,
+        "socket_timeout": 3.0,
+    }
+    assert dumped["connection_timeout"] == 3.0
+    assert dumped["publish_retry"]["max_retries"] <= 3
+    assert dumped["publish_retry"]["interval_max"] <= 1
     assert dumped["db"]["ENGINE"] == "django.db.backends.postgresql"
     assert dumped["db"]["NAME"] == "proxyhub"
     assert dumped["db"]["OPTIONS"]["connect_timeout"] == 5

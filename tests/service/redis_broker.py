@@ -1,0 +1,89 @@
+"""A real Celery app on a real Redis for service tests that must see what is published.
+
+``broker(url)`` makes the process's current Celery app one configured as settings make it for
+a Redis ``REDIS_URL`` (``redis_transport_options``), on ``url``: the services' sends
+(``current_app.send_task``) then really publish there. ``queue_messages`` reads back every
+message waiting in a Redis database, decoded (Celery's message protocol 2), so a test can look
+at kwargs and headers exactly as a worker would receive them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery import _state as celery_state
+from django.conf import settings
+
+from proxyhub.settings.base import redis_transport_options
+
+REDIS_HOST = "redis://127.0.0.1:6379"
+
+
+@contextmanager
+def broker(url: str) -> Iterator[Celery]:
+    """The current Celery app, for the block, is one on ``url`` (see the module docstring)."""
+    app = Celery("proxyhub-broker-test", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.update(
+        CELERY_BROKER_URL=url,
+        CELERY_BROKER_TRANSPORT_OPTIONS=redis_transport_options(
+            settings.PROXYHUB_BROKER_TIMEOUT_SECONDS
+        ),
+    )
+    previous = celery_state.get_current_app()
+    app.set_current()
+    try:
+        yield app
+    finally:
+        previous.set_current()
+        app.close()
+
+
+def redis_db(number: int) -> Iterator[Any]:
+    """A flushed Redis database of the local server (skips the test without one); flushed
+    again afterwards. Use as a generator fixture body: ``yield from redis_db(13)``."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(f"{REDIS_HOST}/{number}")
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()
+
+
+def queue_messages(client: Any) -> list[dict[str, Any]]:
+    """Every message waiting in any queue (Redis list) of the database: its queue, headers,
+    properties, args and kwargs, and the raw envelope as published."""
+    found = []
+    for key in client.keys("*"):
+        if client.type(key) != b"list":
+            continue
+        for raw in client.lrange(key, 0, -1):
+            envelope = json.loads(raw)
+            body = envelope["body"]
+            if envelope["properties"].get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args, kwargs, _ = json.loads(body)
+            found.append(
+                {
+                    "queue": key.decode(),
+                    "task": envelope["headers"].get("task"),
+                    "headers": envelope["headers"],
+                    "properties": envelope["properties"],
+                    "args": args,
+                    "kwargs": kwargs,
+                    "raw": raw.decode(),
+                }
+            )
+    return found
