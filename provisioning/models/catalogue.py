@@ -3,7 +3,8 @@
 A ``Cluster`` row holds seed 000 entry 15's block; its children are edited inline in the admin
 and imported from the catalogue YAML. Validation is the provider's own
 (``ProxmoxConfig.problems``), so a value refused on import is refused in the admin too. The
-token and the CA are never stored: only the paths of the files that hold them.
+token and the CA are never stored: only the paths of the files that hold them. Vendor-data may
+carry secrets as user-data does, so it is stored sealed (``provisioning.sealing``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from provisioning import sealing
 from provisioning.proxmox.config import (
     MachineType as MachineTypeSpec,
 )
@@ -67,7 +69,8 @@ class Cluster(models.Model):
     vmid_min = models.PositiveIntegerField(default=100000)
     vmid_max = models.PositiveIntegerField(default=199999)
     request_timeout_seconds = models.FloatField(default=30.0)
-    vendor_data = models.TextField(blank=True)
+    # Sealed like a proxy's cloud-init: the ``vendor_data`` property opens it.
+    vendor_data_sealed = models.BinaryField(default=b"", editable=False)
     install_guest_agent = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -88,6 +91,18 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def vendor_data(self) -> str:
+        """The extra vendor-data, in clear; never log or show it. Raises ``SealError`` when no
+        configured key opens it."""
+        if not self.vendor_data_sealed:
+            return ""
+        return sealing.unseal(bytes(self.vendor_data_sealed)).decode("utf-8")
+
+    @vendor_data.setter
+    def vendor_data(self, text: str) -> None:
+        self.vendor_data_sealed = sealing.seal(text.encode("utf-8")) if text else b""
 
     def proxmox_config(self, installation_id: str) -> ProxmoxConfig:
         """The provider's view of this cluster, children included (one query each)."""

@@ -9,7 +9,13 @@ import yaml
 from provisioning.models import Cluster
 from provisioning.proxmox.config import FieldError
 
-from .catalogue import API_VERSION, KIND, PLACEHOLDER_INSTALLATION, CatalogueError
+from .catalogue import (
+    API_VERSION,
+    KIND,
+    PLACEHOLDER_INSTALLATION,
+    VENDOR_DATA_PLACEHOLDER,
+    CatalogueError,
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -24,9 +30,15 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def catalogue_export(clusters: Iterable[str] | None = None) -> str:
+def catalogue_export(
+    clusters: Iterable[str] | None = None, *, include_secrets: bool = False
+) -> str:
     """The catalogue as YAML documents, one per cluster in name order; importing the output
-    changes nothing. ``clusters`` names the clusters to export (default: all)."""
+    changes nothing. ``clusters`` names the clusters to export (default: all).
+
+    Vendor-data is written as ``VENDOR_DATA_PLACEHOLDER`` unless ``include_secrets``: it is
+    sealed at rest because it may carry secrets, and an export is a file that travels.
+    """
     rows = Cluster.objects.order_by("name")
     if clusters is not None:
         wanted = list(dict.fromkeys(clusters))
@@ -38,11 +50,7 @@ def catalogue_export(clusters: Iterable[str] | None = None) -> str:
                 headline="nothing was exported",
             )
     documents = [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            **c.proxmox_config(PLACEHOLDER_INSTALLATION).to_mapping(),
-        }
+        {"apiVersion": API_VERSION, "kind": KIND, **_mapping(c, include_secrets=include_secrets)}
         for c in rows
     ]
     if not documents:
@@ -55,3 +63,10 @@ def catalogue_export(clusters: Iterable[str] | None = None) -> str:
         allow_unicode=True,
         explicit_start=True,
     )
+
+
+def _mapping(cluster: Cluster, *, include_secrets: bool) -> dict[str, object]:
+    mapping = cluster.proxmox_config(PLACEHOLDER_INSTALLATION).to_mapping()
+    if "vendorData" in mapping and not include_secrets:
+        mapping["vendorData"] = VENDOR_DATA_PLACEHOLDER
+    return mapping

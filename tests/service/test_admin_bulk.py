@@ -71,7 +71,7 @@ def test_preview_lists_the_names_and_writes_nothing(sim: Sim, people: People) ->
     names = [f"web-{i:02d}" for i in range(1, 13)]
     for name in names:
         assert f"<li>{name}</li>" in text
-    assert f"{len(CLOUD_INIT.encode())} bytes, SHA-256" in text
+    assert f"{len(CLOUD_INIT.encode())} bytes, HMAC-SHA256" in text
     assert sealing.digest(CLOUD_INIT.encode()) in text
     assert CLOUD_INIT_CANARY not in text
     assert "chosen by placement" in text  # the first VM's plan, with a blank zone
