@@ -215,7 +215,8 @@ class BulkCreateForm(forms.Form):
 
 class BulkConfirmForm(forms.Form):
     """The confirm POST of the bulk-create page: the previewed values, and the cloud-init as
-    its sealed copy (``provisioning.sealing``), so the content never travels in the page."""
+    a short-lived token bound to this purpose and user (``provisioning.sealed_tokens``), so the
+    content never travels in the page."""
 
     count = forms.IntegerField(min_value=1, max_value=BULK_MAX, widget=forms.HiddenInput)
     # A field, not BaseForm.prefix (see BulkCreateForm).
@@ -228,7 +229,7 @@ class BulkConfirmForm(forms.Form):
     machine_type = forms.CharField(max_length=63, widget=forms.HiddenInput)
     image = forms.CharField(max_length=63, widget=forms.HiddenInput)
     zone = forms.CharField(max_length=63, required=False, widget=forms.HiddenInput)
-    cloud_init_sealed = forms.CharField(required=False, widget=forms.HiddenInput)
+    cloud_init_token = forms.CharField(widget=forms.HiddenInput)
 
 
 # --- the catalogue ----------------------------------------------------------------------------
