@@ -29,9 +29,11 @@ RUN pip install -r requirements-otel.txt
 COPY . .
 
 # Static files for the admin, collected at build time into STATIC_ROOT (/app/var/static).
-# Production's settings refuse to load without a secret key; this one exists only for this
-# command and is not in the image's environment.
-RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput \
+# Production's settings refuse to load without a secret key and a sealing key; these exist only
+# for this command (which seals nothing) and are not in the image's environment.
+RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only \
+    PROXYHUB_SEALING_KEYS=Y29sbGVjdHN0YXRpYy1hdC1idWlsZC10aW1lLW9ubHk= \
+    python manage.py collectstatic --noinput \
     && mkdir -p /app/var /etc/proxyhub/pvesim \
     && chown -R proxyhub:proxyhub /app/var /etc/proxyhub/pvesim
 

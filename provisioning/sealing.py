@@ -1,44 +1,118 @@
-"""Cloud-init at rest: sealed with Fernet so its content never sits in the database in clear.
+"""Secrets at rest: cloud-init and vendor-data sealed with Fernet, never in the database in clear.
 
 DESIGN.md §4 keeps a proxy's user-data byte for byte (a retry or a replace must rebuild the
 same seed), while §8 says cloud-init content is never stored, logged or shown. Both hold when
-the row keeps only a sealed copy, a SHA-256 to detect edits and its length. The key comes from
-``PROXYHUB_SECRETS_KEY`` (or, when unset, from ``SECRET_KEY``); losing it means re-entering
-the cloud-init of existing proxies, never leaking it.
+the row keeps only a sealed copy, a keyed digest to detect edits and its length.
+
+Keys come from ``PROXYHUB_SEALING_KEYS``: Fernet keys, newest first. The newest seals; every
+key opens (``MultiFernet``), so a new key can be put in front while rows sealed under the
+older ones stay readable until ``manage.py rotate_sealing_key`` re-seals them. Installs from
+before that setting sealed with a key derived from ``PROXYHUB_SECRETS_KEY`` (or
+``SECRET_KEY``); that derived key is kept last, to open only, so those rows stay readable
+until they are re-sealed. With no sealing key configured at all (a development shell, never
+production, whose settings refuse to start) the derived key seals too.
+
+Digests are HMAC-SHA256 under a key derived from the newest sealing key for that purpose alone:
+an unsalted SHA-256 would let anyone who can see it confirm a guessed cloud-init.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
+from collections.abc import Sequence
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class SealError(Exception):
-    """The sealed value cannot be opened with the configured key."""
+    """The sealed value cannot be opened with any configured key."""
 
 
-def _fernet() -> Fernet:
+def parse_keys(value: str | Sequence[str], *, setting: str = "PROXYHUB_SEALING_KEYS") -> list[str]:
+    """The Fernet keys of a comma-separated setting, newest first; each one checked.
+
+    Raises ``ImproperlyConfigured`` naming the setting and the key's position, never its value.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    keys = [item.strip() for item in items if item.strip()]
+    for position, key in enumerate(keys, start=1):
+        try:
+            Fernet(key.encode())
+        except (ValueError, TypeError):
+            raise ImproperlyConfigured(
+                f"{setting}: key {position} is not a Fernet key (32 bytes, URL-safe base64); "
+                "generate one with python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'"
+            ) from None
+    return keys
+
+
+def _configured() -> list[bytes]:
+    return [k.encode() for k in parse_keys(getattr(settings, "PROXYHUB_SEALING_KEYS", []))]
+
+
+def _legacy_key() -> bytes:
+    """The key every row was sealed with before ``PROXYHUB_SEALING_KEYS`` existed."""
     secret = getattr(settings, "PROXYHUB_SECRETS_KEY", "") or settings.SECRET_KEY
     digest = hashlib.sha256(("proxyhub-cloud-init:" + secret).encode()).digest()
-    return Fernet(base64.urlsafe_b64encode(digest))
+    return base64.urlsafe_b64encode(digest)
+
+
+def _keys() -> list[bytes]:
+    """Every key that opens, the sealing one first; the legacy key last, to open only."""
+    keys = _configured()
+    legacy = _legacy_key()
+    return [*keys, legacy] if legacy not in keys else keys
+
+
+def _derive(key: bytes, purpose: str) -> bytes:
+    """A key for one purpose only: a digest or a browser token never reuses the sealing key."""
+    return hmac.new(base64.urlsafe_b64decode(key), purpose.encode(), hashlib.sha256).digest()
 
 
 def seal(data: bytes) -> bytes:
-    return _fernet().encrypt(data)
+    return MultiFernet([Fernet(k) for k in _keys()]).encrypt(data)
 
 
 def unseal(token: bytes) -> bytes:
     try:
-        return _fernet().decrypt(bytes(token))
+        return MultiFernet([Fernet(k) for k in _keys()]).decrypt(bytes(token))
     except InvalidToken as err:
         raise SealError(
-            "the stored cloud-init cannot be opened: PROXYHUB_SECRETS_KEY (or SECRET_KEY) changed; "
-            "set the old key back or edit the proxy's cloud-init again"
+            "the sealed value cannot be opened with any key of PROXYHUB_SEALING_KEYS; put the "
+            "key it was sealed with back into PROXYHUB_SEALING_KEYS (behind the newest), or "
+            "enter the value again"
         ) from err
 
 
+def is_current(token: bytes) -> bool:
+    """Whether ``token`` is sealed under the newest key (``rotate_sealing_key`` skips it)."""
+    try:
+        Fernet(_keys()[0]).decrypt(bytes(token))
+    except InvalidToken:
+        return False
+    return True
+
+
 def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """HMAC-SHA256 of ``data`` under the newest key's digest key: 64 hex digits."""
+    return digests(data)[0]
+
+
+def digests(data: bytes) -> list[str]:
+    """``data``'s digest under every configured key, newest first: a digest stored before the
+    newest key was put in front still matches one of them."""
+    return [
+        hmac.new(_derive(k, "proxyhub-digest-v1"), data, hashlib.sha256).hexdigest()
+        for k in _keys()
+    ]
+
+
+def purpose_fernet(purpose: str) -> Fernet:
+    """A Fernet keyed for ``purpose`` alone (derived from the newest key): what it seals opens
+    with nothing else, and nothing sealed at rest opens with it."""
+    return Fernet(base64.urlsafe_b64encode(_derive(_keys()[0], "proxyhub-purpose:" + purpose)))

@@ -17,6 +17,7 @@ from .django_commands import manage
 from .environment import child_env, clear_metrics, project_python
 from .options import parse_args
 from .processes import start_procfile, stop_process, supervise
+from .sealing_key import ensure_sealing_key
 from .simulator import import_catalogue, start_simulator
 from .web_port import check_port_free
 
@@ -56,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     env["PROXYHUB_CREDENTIALS_DIR"] = str(credentials_dir(env, var, with_sim=not args.no_sim))
     check_port_free(args.web_port)
     clear_metrics(env, var)
+    if not env.get("PROXYHUB_SEALING_KEYS"):
+        key, created = ensure_sealing_key(var)
+        env["PROXYHUB_SEALING_KEYS"] = key
+        if created:
+            say(f"generated the key that seals cloud-init into {var / 'sealing-key'}; keep it")
 
     say("migrating the database")
     manage(python, ["migrate", "--noinput"], env, "migrating the database")

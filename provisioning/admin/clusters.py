@@ -120,7 +120,14 @@ class ClusterAdmin(GuardedActionsMixin):
         ),
         (
             "Behaviour",
-            {"fields": ("request_timeout_seconds", "install_guest_agent", "vendor_data")},
+            {
+                "fields": (
+                    "request_timeout_seconds",
+                    "install_guest_agent",
+                    "vendor_data",
+                    "clear_vendor_data",
+                )
+            },
         ),
         (
             "Quotas",

@@ -2,7 +2,7 @@
 
 Cloud-init is accepted as an upload or pasted text and is never rendered back: the paste
 widget drops its value when a form is shown again, the model keeps only a sealed copy, and a
-page shows its size and SHA-256 (DESIGN.md §8).
+page shows its size and keyed digest (DESIGN.md §8). Vendor-data is handled the same way.
 """
 
 from __future__ import annotations
@@ -245,7 +245,8 @@ class BulkCreateForm(forms.Form):
 
 class BulkConfirmForm(forms.Form):
     """The confirm POST of the bulk-create page: the previewed values, and the cloud-init as
-    its sealed copy (``provisioning.sealing``), so the content never travels in the page."""
+    a short-lived token bound to this purpose and user (``provisioning.sealed_tokens``), so the
+    content never travels in the page."""
 
     count = forms.IntegerField(min_value=1, max_value=BULK_MAX, widget=forms.HiddenInput)
     # A field, not BaseForm.prefix (see BulkCreateForm).
@@ -258,7 +259,7 @@ class BulkConfirmForm(forms.Form):
     machine_type = forms.CharField(max_length=63, widget=forms.HiddenInput)
     image = forms.CharField(max_length=63, widget=forms.HiddenInput)
     zone = forms.CharField(max_length=63, required=False, widget=forms.HiddenInput)
-    cloud_init_sealed = forms.CharField(required=False, widget=forms.HiddenInput)
+    cloud_init_token = forms.CharField(widget=forms.HiddenInput)
 
 
 # --- the catalogue ----------------------------------------------------------------------------
@@ -269,7 +270,38 @@ _WIDE = forms.TextInput(attrs={"class": "vTextField ph-wide"})
 
 class ClusterForm(forms.ModelForm):
     """The cluster's own fields, labelled with the catalogue's words; validation is the model's
-    ``clean()`` (``ProxmoxConfig.problems``, seed 000 entry 15)."""
+    ``clean()`` (``ProxmoxConfig.problems``, seed 000 entry 15).
+
+    Vendor-data is sealed at rest and treated like cloud-init: the form never renders it (not
+    even after an error), a blank box keeps what is stored, and a tick clears it.
+    """
+
+    vendor_data = forms.CharField(
+        required=False,
+        strip=False,
+        label="Vendor-data",
+        widget=SecretTextarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}),
+        help_text="extra vendor-data for every new VM; never shown again once saved, "
+        "leave blank to keep what is stored",
+    )
+    clear_vendor_data = forms.BooleanField(required=False, label="Clear the stored vendor-data")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        stored = len(self.instance.vendor_data_sealed or b"") if self.instance.pk else 0
+        if stored:
+            self.fields["vendor_data"].help_text += " (vendor-data is stored, sealed)"
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = cast(dict[str, Any], super().clean())
+        text = (cleaned.get("vendor_data") or "").replace("\r\n", "\n")
+        if text and cleaned.get("clear_vendor_data"):
+            self.add_error("vendor_data", "give new vendor-data or tick clear, not both")
+        elif cleaned.get("clear_vendor_data"):
+            self.instance.vendor_data = ""
+        elif text:
+            self.instance.vendor_data = text
+        return cleaned
 
     class Meta:
         model = Cluster
@@ -284,7 +316,6 @@ class ClusterForm(forms.ModelForm):
             "vmid_min": "Lowest VMID",
             "vmid_max": "Highest VMID",
             "request_timeout_seconds": "Request timeout (seconds)",
-            "vendor_data": "Vendor-data",
             "max_proxies": "Max proxies (maxProxies)",
             "max_concurrent_creates": "Max concurrent creates (maxConcurrentCreates)",
         }

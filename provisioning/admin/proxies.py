@@ -240,7 +240,7 @@ class ProxyAdmin(GuardedActionsMixin):
     def cloud_init_summary(self, obj: Proxy) -> str:
         if not obj.cloud_init_bytes:
             return "none"
-        return f"{obj.cloud_init_bytes} bytes, SHA-256 {obj.cloud_init_sha256}"
+        return f"{obj.cloud_init_bytes} bytes, HMAC-SHA256 {obj.cloud_init_sha256}"
 
     @admin.display(description="Proxmox console")
     def console_link(self, obj: Proxy) -> SafeString | str:

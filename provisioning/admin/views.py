@@ -1,20 +1,22 @@
 """The bulk-create page: count, prefix, placement and cloud-init; the names before the write.
 
 Two steps, two URLs. ``bulk-create/`` shows the form (GET) and, on POST, the preview: the exact
-names it will create, the placement and the cloud-init's size and SHA-256. Nothing is written
+names it will create, the placement and the cloud-init's size and keyed digest. Nothing is written
 there. ``bulk-create/confirm/`` is the only state-changing URL: POST only (405 to GET), CSRF
 protected by ``admin_view``, and it writes every proxy through ``proxies_create`` in one
 transaction, each with its ``create`` operation sent after commit.
 
-The preview carries the cloud-init to the confirm as its sealed copy (``provisioning.sealing``,
-authenticated encryption under the server's key), so the page never holds the content and a
-client cannot swap it for other bytes.
+The preview carries the cloud-init to the confirm as a token (``provisioning.sealed_tokens``):
+encrypted under a key derived for this purpose only, signed with the requesting user's id and
+refused after ``PROXYHUB_BULK_CONFIRM_MAX_AGE_SECONDS``. The page never holds the content, a
+client cannot swap it for other bytes, and another user or a late replay gets nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect
@@ -25,7 +27,7 @@ from django.utils.translation import ngettext
 from django.views import View
 from django.views.decorators.http import require_POST
 
-from provisioning import sealing
+from provisioning import sealed_tokens, sealing
 from provisioning.models import Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.proxmox.errors import ClassifiedError
@@ -36,6 +38,8 @@ from .common import PROVISION
 from .forms import BulkConfirmForm, BulkCreateForm, catalogue_suggestions
 
 TEMPLATE = "admin/provisioning/proxy/bulk_create.html"
+# The token's purpose: a token made for anything else never opens here, nor this one there.
+BULK_PURPOSE = "bulk-create-cloud-init"
 # The preview lists every name up to this many, then the first and last few.
 NAMES_SHOWN = 60
 
@@ -106,7 +110,9 @@ class BulkCreateView(_BulkView):
                 "machine_type": data["machine_type"],
                 "image": data["image"],
                 "zone": data["zone"],
-                "cloud_init_sealed": _seal(cloud_init),
+                "cloud_init_token": sealed_tokens.token_dumps(
+                    cloud_init, purpose=BULK_PURPOSE, user_id=_user_id(request)
+                ),
             }
         )
         return self.render(
@@ -136,9 +142,18 @@ class BulkConfirmView(_BulkView):
             return HttpResponseRedirect(back)
         data = form.cleaned_data
         try:
-            cloud_init = _unseal(data["cloud_init_sealed"])
-        except sealing.SealError:
-            messages.error(request, "The cloud-init could not be read back; upload it again.")
+            cloud_init = sealed_tokens.token_loads(
+                data["cloud_init_token"],
+                purpose=BULK_PURPOSE,
+                user_id=_user_id(request),
+                max_age=settings.PROXYHUB_BULK_CONFIRM_MAX_AGE_SECONDS,
+            )
+        except sealed_tokens.TokenRefused as err:
+            messages.error(
+                request,
+                f"Nothing was created: the confirmation cannot be used ({err}); "
+                "fill in the form and upload the cloud-init again.",
+            )
             return HttpResponseRedirect(back)
         names = numbered_names(data["prefix"], data["count"])
         specs = [
@@ -191,10 +206,6 @@ def _shown(names: list[str], shown: int = 10) -> str:
     return f"{text} and {rest} more" if rest > 0 else text
 
 
-def _seal(data: bytes) -> str:
-    """A Fernet token is URL-safe text already."""
-    return sealing.seal(data).decode() if data else ""
-
-
-def _unseal(text: str) -> bytes:
-    return sealing.unseal(text.encode()) if text else b""
+def _user_id(request: HttpRequest) -> int:
+    """The signed-in user's id; ``_BulkView.dispatch`` has let only users with a permission in."""
+    return cast(int, request.user.pk)

@@ -4,7 +4,8 @@ A ``Cluster`` row holds seed 000 entry 15's block; its children are edited inlin
 and imported from the catalogue YAML. Validation is the provider's own
 (``ProxmoxConfig.problems``), so a value refused on import is refused in the admin too. The
 token and the CA are never stored: only the paths of the files that hold them, and the SHA-256
-fingerprint of the CA trusted for the url (issue 11).
+fingerprint of the CA trusted for the url (issue 11). Vendor-data may carry secrets as user-data
+does, so it is stored sealed (``provisioning.sealing``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from provisioning import sealing
 from provisioning.proxmox.config import (
     MachineType as MachineTypeSpec,
 )
@@ -75,7 +77,8 @@ class Cluster(models.Model):
     vmid_min = models.PositiveIntegerField(default=100000)
     vmid_max = models.PositiveIntegerField(default=199999)
     request_timeout_seconds = models.FloatField(default=30.0)
-    vendor_data = models.TextField(blank=True)
+    # Sealed like a proxy's cloud-init: the ``vendor_data`` property opens it.
+    vendor_data_sealed = models.BinaryField(default=b"", editable=False)
     install_guest_agent = models.BooleanField(default=True)
     # Issue 11: the CA proxyhub trusts for ``url``, as ``credentials.ca_fingerprint`` writes it.
     # Recorded when someone allowed to change the endpoint saves or imports it, or by the first
@@ -156,6 +159,18 @@ class Cluster(models.Model):
         super().save(*args, **kwargs)
         self._stored_url = self.url
         self._ca_trust_given = False
+
+    @property
+    def vendor_data(self) -> str:
+        """The extra vendor-data, in clear; never log or show it. Raises ``SealError`` when no
+        configured key opens it."""
+        if not self.vendor_data_sealed:
+            return ""
+        return sealing.unseal(bytes(self.vendor_data_sealed)).decode("utf-8")
+
+    @vendor_data.setter
+    def vendor_data(self, text: str) -> None:
+        self.vendor_data_sealed = sealing.seal(text.encode("utf-8")) if text else b""
 
     def proxmox_config(self, installation_id: str) -> ProxmoxConfig:
         """The provider's view of this cluster, children included (one query each)."""

@@ -22,8 +22,9 @@ PROXY_NAME = RegexValidator(
 class Proxy(models.Model):
     """One proxy VM. Its VM is named ``proxy-<name>``; ``uid`` ties the VM's mark to this row.
 
-    The cloud-init is stored sealed (``provisioning.sealing``); editing a placement field or
-    the cloud-init replaces the VM, which ``spec_hash`` detects.
+    The cloud-init is stored sealed (``provisioning.sealing``) beside its keyed digest
+    (``cloud_init_sha256`` holds an HMAC-SHA256, not a plain SHA-256, since issue 11); editing a
+    placement field or the cloud-init replaces the VM, which ``spec_hash`` detects.
     """
 
     name = models.CharField(max_length=57, unique=True, validators=[PROXY_NAME])
@@ -113,11 +114,15 @@ class Proxy(models.Model):
 
     def compute_spec_hash(self) -> str:
         """What the VM was built from: placement and cloud-init (a change replaces the VM)."""
-        parts = [
-            str(self.cluster_id),
-            self.zone,
-            self.machine_type,
-            self.image,
-            self.cloud_init_sha256,
-        ]
-        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+        return spec_hash_of(
+            self.cluster_id, self.zone, self.machine_type, self.image, self.cloud_init_sha256
+        )
+
+
+def spec_hash_of(
+    cluster_id: int | None, zone: str, machine_type: str, image: str, cloud_init_digest: str
+) -> str:
+    """``Proxy.compute_spec_hash`` from its parts: a key rotation recomputes it with the new
+    digest, and needs the old value with the old digest to know whether it was current."""
+    parts = [str(cluster_id), zone, machine_type, image, cloud_init_digest]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()

@@ -255,8 +255,13 @@ def build_plan(
     cloud_init_sha256: str,
     cloud_init_bytes: int,
     placement_node: str | None = None,
+    vendor_data_digest: str | None = None,
 ) -> Plan:
     """The plan of a create of ``vm_name``, without any Proxmox call.
+
+    ``vendor_data_digest`` is the caller's keyed digest of the vendor-data (proxyhub passes an
+    HMAC, as for ``cloud_init_sha256``, so the plan hash confirms no guess); without one, the
+    vendor-data's plain SHA-256 stands in, for callers that hold no key.
 
     ``placement_node`` is the node placement would pick for a blank ``zone`` on a multi-node
     cluster (the caller asks placement; this module knows no database). Resolution runs in the
@@ -272,7 +277,7 @@ def build_plan(
         vmid_for(uid_text, 0, config.vmid_min, config.vmid_max) if uid_text is not None else None
     )
     vendor_sha = (
-        hashlib.sha256(config.vendor_data.encode("utf-8")).hexdigest()
+        (vendor_data_digest or hashlib.sha256(config.vendor_data.encode("utf-8")).hexdigest())
         if config.vendor_data
         else None
     )

@@ -38,6 +38,9 @@ _ENVELOPE = ("apiVersion", "kind")
 # The installation id is not part of a catalogue (it is this installation's, DESIGN.md §2);
 # ``from_mapping`` wants one, so validation, import and export use a fixed, valid placeholder.
 PLACEHOLDER_INSTALLATION = "catalogue"
+# What an export writes for a cluster's vendor-data unless asked for secrets: vendor-data may
+# carry them, as user-data does. Importing it back keeps the vendor-data the cluster has.
+VENDOR_DATA_PLACEHOLDER = "<sealed: use --include-secrets>"
 
 
 class CatalogueError(ValueError):

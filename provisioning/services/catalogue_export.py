@@ -9,7 +9,13 @@ import yaml
 from provisioning.models import Cluster
 from provisioning.proxmox.config import FieldError
 
-from .catalogue import API_VERSION, KIND, PLACEHOLDER_INSTALLATION, CatalogueError
+from .catalogue import (
+    API_VERSION,
+    KIND,
+    PLACEHOLDER_INSTALLATION,
+    VENDOR_DATA_PLACEHOLDER,
+    CatalogueError,
+)
 from .quotas import CATALOGUE_KEY, cluster_quotas_of
 
 
@@ -32,9 +38,15 @@ def _quotas(cluster: Cluster) -> dict[str, dict[str, int]]:
     return {CATALOGUE_KEY: limits} if limits else {}
 
 
-def catalogue_export(clusters: Iterable[str] | None = None) -> str:
+def catalogue_export(
+    clusters: Iterable[str] | None = None, *, include_secrets: bool = False
+) -> str:
     """The catalogue as YAML documents, one per cluster in name order; importing the output
-    changes nothing. ``clusters`` names the clusters to export (default: all)."""
+    changes nothing. ``clusters`` names the clusters to export (default: all).
+
+    Vendor-data is written as ``VENDOR_DATA_PLACEHOLDER`` unless ``include_secrets``: it is
+    sealed at rest because it may carry secrets, and an export is a file that travels.
+    """
     rows = Cluster.objects.order_by("name")
     if clusters is not None:
         wanted = list(dict.fromkeys(clusters))
@@ -49,7 +61,7 @@ def catalogue_export(clusters: Iterable[str] | None = None) -> str:
         {
             "apiVersion": API_VERSION,
             "kind": KIND,
-            **c.proxmox_config(PLACEHOLDER_INSTALLATION).to_mapping(),
+            **_mapping(c, include_secrets=include_secrets),
             **_quotas(c),
         }
         for c in rows
@@ -64,3 +76,10 @@ def catalogue_export(clusters: Iterable[str] | None = None) -> str:
         allow_unicode=True,
         explicit_start=True,
     )
+
+
+def _mapping(cluster: Cluster, *, include_secrets: bool) -> dict[str, object]:
+    mapping = cluster.proxmox_config(PLACEHOLDER_INSTALLATION).to_mapping()
+    if "vendorData" in mapping and not include_secrets:
+        mapping["vendorData"] = VENDOR_DATA_PLACEHOLDER
+    return mapping

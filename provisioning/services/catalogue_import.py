@@ -10,7 +10,7 @@ removed from under it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -21,7 +21,13 @@ from provisioning.models.choices import DesiredState
 from provisioning.proxmox.config import FieldError, TemplateRef
 from provisioning.proxmox.config import MachineType as MachineTypeSpec
 
-from .catalogue import PLACEHOLDER_INSTALLATION, CatalogueError, DocumentPlan, catalogue_validate
+from .catalogue import (
+    PLACEHOLDER_INSTALLATION,
+    VENDOR_DATA_PLACEHOLDER,
+    CatalogueError,
+    DocumentPlan,
+    catalogue_validate,
+)
 
 # A refusal names the proxies in the way; a fleet can be thousands, so the list is cut short.
 _NAMED_PROXIES = 20
@@ -101,6 +107,7 @@ def _apply(plans: list[DocumentPlan], *, dry_run: bool) -> list[ClusterChange]:
         rows = rows.select_for_update()
     existing = {c.name: c for c in rows}
     problems: list[FieldError] = []
+    plans = [_keep_sealed_vendor_data(p, existing.get(p.config.name), problems) for p in plans]
     for plan in plans:
         cluster = existing.get(plan.config.name)
         if cluster is not None:
@@ -113,6 +120,28 @@ def _apply(plans: list[DocumentPlan], *, dry_run: bool) -> list[ClusterChange]:
             if change.action != "unchanged":
                 _write(plan, existing.get(plan.config.name))
     return changes
+
+
+def _keep_sealed_vendor_data(
+    plan: DocumentPlan, cluster: Cluster | None, problems: list[FieldError]
+) -> DocumentPlan:
+    """An export without ``--include-secrets`` carries a placeholder for vendor-data: importing
+    it keeps the cluster's own, and for a cluster that does not exist yet there is nothing to
+    keep, so it is refused rather than written as vendor-data."""
+    if plan.config.vendor_data != VENDOR_DATA_PLACEHOLDER:
+        return plan
+    if cluster is None:
+        problems.append(
+            FieldError(
+                f"{plan.where}.vendorData",
+                "is the placeholder of an export without --include-secrets, and cluster "
+                f"{plan.config.name} does not exist yet to keep its vendor-data; give the "
+                "vendor-data itself, or leave the key out",
+            )
+        )
+        return plan
+    kept = replace(plan.config, vendor_data=cluster.vendor_data or None)
+    return replace(plan, config=kept)
 
 
 def _removal_problems(plan: DocumentPlan, cluster: Cluster) -> list[FieldError]:

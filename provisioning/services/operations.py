@@ -27,6 +27,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from provisioning import sealing
 from provisioning.models import Cluster, Operation, Proxy
 from provisioning.models.choices import (
     ACTIVE_STATES,
@@ -129,16 +130,16 @@ def _create(
     spec: ProxySpec, user: User, via: str, idempotency_key: str | None, *, admit: bool
 ) -> Operation:
     """``proxy_create``; ``admit=False`` when the caller has admitted the whole batch already."""
-    inputs = _inputs_hash(
-        "create",
-        spec.name,
-        spec.cluster.pk,
-        spec.zone,
-        spec.machine_type,
-        spec.image,
-        hashlib.sha256(spec.cloud_init).hexdigest(),
-    )
-    existing = _by_key(idempotency_key, inputs)
+    # The cloud-init enters as its keyed digest (an unsalted SHA-256 in a stored column would
+    # confirm a guessed cloud-init), under each configured key: the same request made again
+    # after a new sealing key was put in front still matches what the first one stored.
+    inputs, *earlier = [
+        _inputs_hash(
+            "create", spec.name, spec.cluster.pk, spec.zone, spec.machine_type, spec.image, digest
+        )
+        for digest in sealing.digests(spec.cloud_init)
+    ]
+    existing = _by_key(idempotency_key, inputs, also=earlier)
     if existing is not None:
         return existing
     validate_placement(
@@ -161,7 +162,7 @@ def _create(
             return _start(proxy, OperationKind.CREATE, user, via, idempotency_key, inputs)
     except IntegrityError as err:
         if idempotency_key and Operation.objects.filter(idempotency_key=idempotency_key).exists():
-            return _by_key(idempotency_key, inputs) or _conflict(idempotency_key)
+            return _by_key(idempotency_key, inputs, also=earlier) or _conflict(idempotency_key)
         raise ValidationError({"name": f"a proxy named {spec.name} already exists"}) from err
 
 
@@ -525,13 +526,15 @@ def _inputs_hash(*parts: object) -> str:
     return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
 
 
-def _by_key(key: str | None, inputs: str) -> Operation | None:
+def _by_key(key: str | None, inputs: str, also: Iterable[str] = ()) -> Operation | None:
+    """The operation made under ``key`` before, if its inputs were ``inputs`` (or one of
+    ``also``); another request under the same key is a conflict."""
     if not key:
         return None
     op = Operation.objects.filter(idempotency_key=key).first()
     if op is None:
         return None
-    if op.inputs_hash != inputs:
+    if op.inputs_hash != inputs and op.inputs_hash not in set(also):
         _conflict(key)
     return op
 

@@ -106,6 +106,7 @@ def plan_for_spec(spec: ProxySpec) -> Plan:
         cloud_init_sha256=sealing.digest(spec.cloud_init) if spec.cloud_init else "",
         cloud_init_bytes=len(spec.cloud_init),
         placement_node=_placement(spec.cluster, config, zone=spec.zone, observed=""),
+        vendor_data_digest=_vendor_digest(config),
     )
 
 
@@ -120,7 +121,13 @@ def _plan_for_proxy(proxy: Proxy, config: ProxmoxConfig) -> Plan:
         cloud_init_sha256=proxy.cloud_init_sha256,
         cloud_init_bytes=proxy.cloud_init_bytes,
         placement_node=_placement(proxy.cluster, config, zone=proxy.zone, observed=proxy.node),
+        vendor_data_digest=_vendor_digest(config),
     )
+
+
+def _vendor_digest(config: ProxmoxConfig) -> str | None:
+    """Keyed, like the cloud-init's: the plan hash is shown, and must confirm no guess."""
+    return sealing.digest(config.vendor_data.encode("utf-8")) if config.vendor_data else None
 
 
 def _placement(cluster: Cluster, config: ProxmoxConfig, *, zone: str, observed: str) -> str | None:

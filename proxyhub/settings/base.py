@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
+from cryptography.fernet import Fernet as _Fernet
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 
@@ -367,9 +368,26 @@ if _log_level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
 PROXYHUB_LOG_LEVEL = _log_level
 
 
-# The key that seals cloud-init at rest (provisioning.sealing). Empty: derived from
-# DJANGO_SECRET_KEY, so rotating DJANGO_SECRET_KEY would make stored cloud-init unreadable; set it
-# explicitly in production, to at least 32 random characters.
+# The keys that seal cloud-init and vendor-data at rest (provisioning.sealing): Fernet keys,
+# comma-separated, newest first. The newest seals; all of them open, so a rotation puts a new
+# key in front, runs `manage.py rotate_sealing_key`, then drops the old one. Production refuses
+# to start without one; `make run` generates one into var/sealing-key on first start.
+PROXYHUB_SEALING_KEYS = env.list("PROXYHUB_SEALING_KEYS", default=[])
+for _position, _key in enumerate(PROXYHUB_SEALING_KEYS, start=1):
+    try:
+        _Fernet(_key.strip().encode())
+    except (ValueError, TypeError):
+        # The value itself is never echoed: it is a secret.
+        raise ImproperlyConfigured(
+            f"PROXYHUB_SEALING_KEYS: key {_position} is not a Fernet key (32 bytes, URL-safe "
+            "base64); generate one with python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'"
+        ) from None
+PROXYHUB_SEALING_KEYS = [k.strip() for k in PROXYHUB_SEALING_KEYS if k.strip()]
+
+# Before PROXYHUB_SEALING_KEYS, cloud-init was sealed with a key derived from this (or, unset,
+# from DJANGO_SECRET_KEY). That derived key still opens, last, so an upgraded install reads its
+# rows until rotate_sealing_key re-seals them; keep the old value set until then.
 PROXYHUB_SECRETS_KEY = env.str("PROXYHUB_SECRETS_KEY", default="")
 if PROXYHUB_SECRETS_KEY and len(PROXYHUB_SECRETS_KEY) < 32:
     # The value itself is never echoed: it is a secret.
@@ -377,6 +395,12 @@ if PROXYHUB_SECRETS_KEY and len(PROXYHUB_SECRETS_KEY) < 32:
         "PROXYHUB_SECRETS_KEY must be at least 32 characters; generate one with "
         "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
     )
+
+# How long the bulk-create confirmation's token (the cloud-init carried from the preview to the
+# confirm) stays valid, in seconds.
+PROXYHUB_BULK_CONFIRM_MAX_AGE_SECONDS = env.int(
+    "PROXYHUB_BULK_CONFIRM_MAX_AGE_SECONDS", default=600
+)
 
 # ----------------------------------------------------------------------------------------------
 # CELERY

@@ -10,7 +10,7 @@ SQLite file and embedded broker under ``var/``, the same metrics directory, the 
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import BASE_DIR, VAR_DIR, env, metrics_dir
+from .base import BASE_DIR, PROXYHUB_SEALING_KEYS, VAR_DIR, env, metrics_dir
 
 # Django's debug pages and runserver's static files; DJANGO_DEBUG=false shows the pages a
 # deployment would.
@@ -21,6 +21,13 @@ DEBUG = env.bool("DJANGO_DEBUG", default=True)
 SECRET_KEY = env.str(
     "DJANGO_SECRET_KEY", default="django-insecure-proxyhub-development-key-never-in-production"
 )
+
+# The key bin/run-local generated into var/ on the first `make run` (kept out of git), so a
+# command run by hand beside it opens what the stack sealed. Unset and no file: the key derived
+# from SECRET_KEY (provisioning.sealing), good for a shell, never for a deployment.
+_SEALING_KEY_FILE = VAR_DIR / "sealing-key"
+if not PROXYHUB_SEALING_KEYS and _SEALING_KEY_FILE.is_file():
+    PROXYHUB_SEALING_KEYS = [_SEALING_KEY_FILE.read_text().strip()]
 
 # runserver speaks plain HTTP: no redirect to HTTPS, no HSTS (a browser would remember it for
 # 127.0.0.1 for a year), and cookies a browser sends over HTTP.

@@ -2,10 +2,10 @@
 
 The default module of ``manage.py``, ``proxyhub.wsgi``, ``proxyhub.asgi`` and ``celery -A
 proxyhub``. It refuses to start, with an ImproperlyConfigured that names the variable, without
-``DJANGO_SECRET_KEY`` (sessions, password resets and the cloud-init seal depend on it) and with
-``DJANGO_DEBUG`` true. Nothing else is required (DESIGN.md §7): ``PROXYHUB_SECRETS_KEY`` is
-recommended but falls back to a key derived from ``DJANGO_SECRET_KEY``, and every other variable
-has a working default. It passes ``manage.py check --deploy --fail-level WARNING``.
+``DJANGO_SECRET_KEY`` (sessions and password resets depend on it), without
+``PROXYHUB_SEALING_KEYS`` (cloud-init and vendor-data are sealed with it) and with
+``DJANGO_DEBUG`` true. Every other variable has a working default. It passes
+``manage.py check --deploy --fail-level WARNING``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import DEBUG, VAR_DIR, env, metrics_dir
+from .base import DEBUG, PROXYHUB_SEALING_KEYS, VAR_DIR, env, metrics_dir
 
 if DEBUG:
     raise ImproperlyConfigured(
@@ -30,6 +30,18 @@ if not SECRET_KEY:
         "DJANGO_SECRET_KEY is not set, and proxyhub.settings.production needs it: set it to 50+ "
         "random characters (python -c 'import secrets; print(secrets.token_urlsafe(50))'), the "
         "same on every machine of the deployment"
+    )
+
+# A key of its own, so rotating DJANGO_SECRET_KEY never makes stored cloud-init unreadable
+# (provisioning.sealing); no fallback here, since one derived from a value in the repository or
+# from SECRET_KEY is exactly what this setting replaces.
+if not PROXYHUB_SEALING_KEYS:
+    raise ImproperlyConfigured(
+        "PROXYHUB_SEALING_KEYS is not set, and proxyhub.settings.production needs it: set it to "
+        "a Fernet key (python -c 'from cryptography.fernet import Fernet; "
+        "print(Fernet.generate_key().decode())'), the same on every machine of the deployment; "
+        "an install upgraded from PROXYHUB_SECRETS_KEY keeps that set too until "
+        "manage.py rotate_sealing_key has run"
     )
 
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))

@@ -21,6 +21,11 @@ SECRET_KEY = env.str(
     "DJANGO_SECRET_KEY", default="proxyhub-test-suite-key-4f9c2a7e81d3b6a05c9e2f71d8b3a6e4"
 )
 
+# Fixed, like SECRET_KEY: a test that rotates keys overrides this list itself.
+PROXYHUB_SEALING_KEYS = env.list(
+    "PROXYHUB_SEALING_KEYS", default=["c2VhbGluZy10ZXN0LWtleS1ub3QtYS1zZWNyZXQtMDE="]
+)
+
 # The test client speaks plain HTTP; a redirect would answer every request with a 301.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
 

@@ -187,13 +187,14 @@ def worker(
 ) -> Iterator[Worker]:
     """A real ``celery -A proxyhub worker`` on the test database and the broker folder.
 
-    Its cloud-init key is this process's, so it can open what the live server sealed; its polls
+    Its sealing keys are this process's, so it can open what the live server sealed; its polls
     are short because the ``fast`` simulator's tasks take tenths of a second.
     """
     extra = {
         "DATABASE_URL": shared_database,
         "PROXYHUB_VAR_DIR": str(broker_dir),
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
+        "PROXYHUB_SEALING_KEYS": ",".join(settings.PROXYHUB_SEALING_KEYS),
         "DJANGO_DEBUG": "false",
         "PROXYHUB_POLL_INTERVAL_SECONDS": "0.2",
         "PROXYHUB_ADDRESS_POLL_SECONDS": "0.5",

@@ -39,6 +39,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().with_name("probe.py")
 # A key that passes `check --deploy` (50+ characters, no "django-insecure-"); test-only.
+SEALING_KEY = "aXQtc2VhbGluZy1rZXktbm90LWEtc2VjcmV0LTAwMDE="
 SECRET_KEY = "it-7vQ2mZ9xK4pL8rT1wY6nB3cF5hJ0dG2sA9eU4iO7kM1qW8zX3vN6bR5tC0yH"
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
@@ -655,6 +656,7 @@ def stack_env(
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "DJANGO_SECRET_KEY": SECRET_KEY,
+            "PROXYHUB_SEALING_KEYS": SEALING_KEY,
             "DJANGO_DEBUG": "0",
             "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
             "PROXYHUB_VAR_DIR": str(var_dir),

@@ -21,6 +21,8 @@ from pump import pump, sim  # noqa: F401  (the service tests' simulator and mess
 
 REPO = Path(__file__).resolve().parents[2]
 # A key that satisfies security.W009 (50+ characters, 5+ distinct, no "django-insecure-").
+# A Fernet key for production's required PROXYHUB_SEALING_KEYS, in child processes.
+SEALING_KEY = "cHJvZC1lbnYtc2VhbGluZy1rZXktbm90LXNlY3JldCE="
 STRONG_KEY = "pH7v-3kQz9TfWm2xLr8YcN4bJd6sAe1uGo5iK0tVhXyRwZqBnMjEaCsDfUgPlO"
 
 # Runs inside the child: set Django up, GET each path with the test client, print JSON.
@@ -63,6 +65,7 @@ def prod_env(tmp_path: Path) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
         "DJANGO_SECRET_KEY": STRONG_KEY,
+        "PROXYHUB_SEALING_KEYS": SEALING_KEY,
         "DJANGO_ALLOWED_HOSTS": "proxyhub.example.com,testserver",
         "PROXYHUB_VAR_DIR": str(tmp_path / "var"),
     }

@@ -18,7 +18,8 @@ from test_admin_support import (
     posting,
 )
 
-from provisioning import sealing
+from provisioning import sealed_tokens, sealing
+from provisioning.admin.views import BULK_PURPOSE
 from provisioning.models import Operation, Proxy
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +72,7 @@ def test_preview_lists_the_names_and_writes_nothing(sim: Sim, people: People) ->
     names = [f"web-{i:02d}" for i in range(1, 13)]
     for name in names:
         assert f"<li>{name}</li>" in text
-    assert f"{len(CLOUD_INIT.encode())} bytes, SHA-256" in text
+    assert f"{len(CLOUD_INIT.encode())} bytes, HMAC-SHA256" in text
     assert sealing.digest(CLOUD_INIT.encode()) in text
     assert CLOUD_INIT_CANARY not in text
     assert "chosen by placement" in text  # the first VM's plan, with a blank zone
@@ -89,7 +90,7 @@ def test_confirm_creates_every_proxy_and_they_run(pump: Pump, sim: Sim, people: 
         "machine_type",
         "image",
         "zone",
-        "cloud_init_sealed",
+        "cloud_init_token",
     }
     with posting():
         done = client.post(CONFIRM, hidden)
@@ -165,9 +166,65 @@ def test_names_already_taken_are_refused_at_preview_and_at_confirm(
 def test_a_tampered_cloud_init_is_refused(sim: Sim, people: People) -> None:
     client = people.client("operator")
     hidden = _hidden(client.post(BULK, _form(sim)).content.decode())
-    token = hidden["cloud_init_sealed"]
-    hidden["cloud_init_sealed"] = token[:-8] + ("A" * 8 if not token.endswith("A" * 8) else "B" * 8)
+    token = hidden["cloud_init_token"]
+    hidden["cloud_init_token"] = token[:-8] + ("A" * 8 if not token.endswith("A" * 8) else "B" * 8)
     with posting():
         refused = client.post(CONFIRM, hidden, follow=True)
-    assert "could not be read back" in refused.content.decode()
+    assert "it was changed or made for something else" in refused.content.decode()
+    assert not Proxy.objects.exists() and not Operation.objects.exists()
+
+
+def test_the_page_carries_no_at_rest_seal_and_no_cloud_init(sim: Sim, people: People) -> None:
+    """The confirm token is not the database's seal: it opens with neither the at-rest keys nor
+    without the signature, and the content is nowhere in the page, even base64-encoded."""
+    import base64
+
+    page = people.client("operator").post(BULK, _form(sim)).content.decode()
+    token = _hidden(page)["cloud_init_token"]
+    assert CLOUD_INIT_CANARY not in page
+    assert base64.b64encode(CLOUD_INIT_CANARY.encode()).decode()[:16] not in page
+    with pytest.raises(sealing.SealError):
+        sealing.unseal(token.encode())
+
+
+def test_a_confirm_past_its_max_age_is_refused(sim: Sim, people: People) -> None:
+    """A token signed an hour ago (the page's own payload, re-signed with an old timestamp) is
+    refused with the default max age of a few minutes; nothing is written."""
+    import time
+
+    from django.core import signing
+
+    client = people.client("operator")
+    hidden = _hidden(client.post(BULK, _form(sim)).content.decode())
+    salt = sealed_tokens._salt(BULK_PURPOSE)
+    payload = signing.loads(hidden["cloud_init_token"], salt=salt)
+
+    class _AnHourAgo(signing.TimestampSigner):
+        def timestamp(self) -> str:
+            return signing.b62_encode(int(time.time()) - 3600)
+
+    hidden["cloud_init_token"] = _AnHourAgo(salt=salt).sign_object(payload)
+    with posting():
+        refused = client.post(CONFIRM, hidden, follow=True)
+    assert "it is older than 600 seconds" in refused.content.decode()
+    assert not Proxy.objects.exists() and not Operation.objects.exists()
+
+
+def test_a_confirm_presented_by_another_user_is_refused(sim: Sim, people: People) -> None:
+    hidden = _hidden(people.client("operator").post(BULK, _form(sim)).content.decode())
+    with posting():
+        refused = people.client("superuser").post(CONFIRM, hidden, follow=True)
+    assert "it was made for another user" in refused.content.decode()
+    assert not Proxy.objects.exists() and not Operation.objects.exists()
+
+
+def test_a_token_for_another_purpose_does_not_open_here(sim: Sim, people: People) -> None:
+    client = people.client("operator")
+    hidden = _hidden(client.post(BULK, _form(sim)).content.decode())
+    hidden["cloud_init_token"] = sealed_tokens.token_dumps(
+        b"#cloud-config\n", purpose="something-else", user_id=people.operator.pk
+    )
+    with posting():
+        refused = client.post(CONFIRM, hidden, follow=True)
+    assert "it was changed or made for something else" in refused.content.decode()
     assert not Proxy.objects.exists()

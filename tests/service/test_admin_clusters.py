@@ -229,3 +229,38 @@ def test_cluster_preflight_checks_every_template_on_every_node_with_gets_only(
             assert f"pvesim: {image} on {node} (small)" in text
     assert "template_no_cloudinit_drive" in text and "failed" in text  # the cloud-init template
     assert {e.method for e in sim.engine.ledger.calls()} == {"GET"}
+
+
+VENDOR_CANARY = "vendor-admin-canary-91ab3f"
+
+
+def test_vendor_data_is_sealed_never_shown_kept_when_blank_and_cleared_on_request(
+    sim: Sim, people: People
+) -> None:
+    cluster = sim.cluster
+    client = people.client("superuser")
+    url = f"{CLUSTERS}{cluster.pk}/change/"
+    vendor = f"#cloud-config\r\nwrite_files:\r\n  - content: {VENDOR_CANARY}\r\n"
+
+    done = client.post(url, {**_as_saved(cluster), "vendor_data": vendor})
+    assert done.status_code == 302, done.content.decode()[:3000]
+    stored = Cluster.objects.get(pk=cluster.pk)
+    assert stored.vendor_data == vendor.replace("\r\n", "\n")
+    assert VENDOR_CANARY.encode() not in bytes(stored.vendor_data_sealed)
+    page = client.get(url).content.decode()
+    assert VENDOR_CANARY not in page and "vendor-data is stored, sealed" in page
+
+    # A form error shows the page again without the pasted vendor-data.
+    refused = client.post(
+        url, {**_as_saved(cluster), "vendor_data": vendor, "clear_vendor_data": "on"}
+    )
+    assert refused.status_code == 200 and VENDOR_CANARY not in refused.content.decode()
+    assert "give new vendor-data or tick clear, not both" in refused.content.decode()
+
+    kept = client.post(url, {**_as_saved(cluster), "vendor_data": ""})
+    assert kept.status_code == 302
+    assert Cluster.objects.get(pk=cluster.pk).vendor_data == vendor.replace("\r\n", "\n")
+
+    cleared = client.post(url, {**_as_saved(cluster), "clear_vendor_data": "on"})
+    assert cleared.status_code == 302
+    assert bytes(Cluster.objects.get(pk=cluster.pk).vendor_data_sealed) == b""

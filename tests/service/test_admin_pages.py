@@ -158,7 +158,7 @@ def test_the_change_page_shows_spec_state_console_and_operations(
     page = people.client("superuser").get(f"{PROXY_LIST}{alpha.pk}/change/")
     text = page.content.decode()
     size = len(CLOUD_INIT.encode())
-    assert f"{size} bytes, SHA-256 {alpha.cloud_init_sha256}" in text
+    assert f"{size} bytes, HMAC-SHA256 {alpha.cloud_init_sha256}" in text
     assert CLOUD_INIT_CANARY not in text
     assert alpha.provider_id in text and str(alpha.uid) in text and alpha.ip in text
     console = f"https://127.0.0.1:8006/?console=kvm&amp;novnc=1&amp;vmid={alpha.vmid}&amp;node=pve1"

@@ -20,6 +20,8 @@ from test_admin_support import (
     running,
 )
 
+from provisioning import sealed_tokens
+from provisioning.admin.views import BULK_PURPOSE
 from provisioning.models import Operation, Proxy
 
 pytestmark = pytest.mark.django_db
@@ -117,7 +119,9 @@ def test_a_viewer_reads_but_cannot_add_change_or_delete(
             },
         )
         delete = client.post(f"{PROXY_LIST}{alpha.pk}/delete/", {"post": "yes"})
-        bulk = client.post(f"{PROXY_LIST}bulk-create/confirm/", _bulk_confirm(sim))
+        bulk = client.post(
+            f"{PROXY_LIST}bulk-create/confirm/", _bulk_confirm(sim, people.viewer.pk)
+        )
     assert [r.status_code for r in (edit, add, delete, bulk)] == [403, 403, 403, 403]
     assert Operation.objects.count() == before and pump.queue == []
     assert list(Proxy.objects.values_list("name", "zone")) == [("alpha", "pve1")]
@@ -164,7 +168,9 @@ def test_every_state_changing_view_checks_csrf(pump: Pump, sim: Sim, people: Peo
         responses = [
             client.post(f"{PROXY_LIST}{alpha.pk}/delete/", {"post": "yes"}),
             client.post(f"{PROXY_LIST}{alpha.pk}/change/", {"zone": "pve2"}),
-            client.post(f"{PROXY_LIST}bulk-create/confirm/", _bulk_confirm(sim)),
+            client.post(
+                f"{PROXY_LIST}bulk-create/confirm/", _bulk_confirm(sim, people.superuser.pk)
+            ),
             client.post(
                 "/admin/provisioning/cluster/",
                 {"action": "check_now", "_selected_action": [str(sim.cluster.pk)]},
@@ -198,8 +204,9 @@ def test_accepted_actions_are_journalled_with_the_user(
     ]
 
 
-def _bulk_confirm(sim: Sim) -> dict[str, str]:
-    """What the bulk-create preview posts to the confirm URL."""
+def _bulk_confirm(sim: Sim, user_id: int) -> dict[str, str]:
+    """What the bulk-create preview posts to the confirm URL, with a token valid for
+    ``user_id``: only the permission (or CSRF) check stands between it and a create."""
     return {
         "count": "2",
         "prefix": "web",
@@ -207,5 +214,5 @@ def _bulk_confirm(sim: Sim) -> dict[str, str]:
         "machine_type": "small",
         "image": "debian-13",
         "zone": "pve1",
-        "cloud_init_sealed": "",
+        "cloud_init_token": sealed_tokens.token_dumps(b"", purpose=BULK_PURPOSE, user_id=user_id),
     }

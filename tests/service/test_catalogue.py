@@ -10,7 +10,11 @@ import pytest
 import yaml
 
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
-from provisioning.services.catalogue import CatalogueError, catalogue_load
+from provisioning.services.catalogue import (
+    VENDOR_DATA_PLACEHOLDER,
+    CatalogueError,
+    catalogue_load,
+)
 from provisioning.services.catalogue_export import catalogue_export
 from provisioning.services.catalogue_import import catalogue_import
 
@@ -456,10 +460,57 @@ def test_export_round_trips_through_import(tmp_path: Path, token_file: str) -> N
 
     assert report.unchanged == ["proxmox-home", "proxmox-lab"]
     assert _snapshot() == before
+    # With its secrets, an export recreates the catalogue from nothing.
+    full_export = catalogue_export(include_secrets=True)
+    path.write_text(full_export)
     Cluster.objects.all().delete()
     catalogue_import(catalogue_load([str(path)]))
     assert {c.name: c.proxmox_config("x") for c in Cluster.objects.all()} == configs
-    assert "vendorData: |" in exported  # multi-line text reads as a block
+    assert "vendorData: |" in full_export  # multi-line text reads as a block
+
+
+VENDOR_CANARY = "vendor-canary-5e1d0c"
+
+
+def test_vendor_data_is_sealed_at_rest_and_exported_only_on_request(
+    tmp_path: Path, token_file: str
+) -> None:
+    vendor = f"#cloud-config\nwrite_files:\n  - content: {VENDOR_CANARY}\n"
+    _import_file(tmp_path, _doc(token_file, vendorData=vendor))
+    cluster = Cluster.objects.get()
+
+    assert VENDOR_CANARY.encode() not in bytes(cluster.vendor_data_sealed)
+    assert cluster.vendor_data == vendor  # the provider still gets the clear text
+    assert cluster.proxmox_config("x").vendor_data == vendor
+    exported = catalogue_export()
+    assert VENDOR_CANARY not in exported
+    assert yaml.safe_load(exported)["vendorData"] == VENDOR_DATA_PLACEHOLDER
+    assert VENDOR_CANARY in catalogue_export(include_secrets=True)
+
+
+def test_importing_the_placeholder_keeps_the_stored_vendor_data(
+    tmp_path: Path, token_file: str
+) -> None:
+    vendor = f"#cloud-config\nruncmd: [[echo, {VENDOR_CANARY}]]\n"
+    _import_file(tmp_path, _doc(token_file, vendorData=vendor))
+    path = tmp_path / "exported.yaml"
+    path.write_text(catalogue_export())
+
+    report = catalogue_import(catalogue_load([str(path)]))
+
+    assert report.unchanged == ["proxmox-home"]
+    assert Cluster.objects.get().vendor_data == vendor
+
+
+def test_the_placeholder_for_a_new_cluster_is_refused_and_nothing_is_written(
+    tmp_path: Path, token_file: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_doc(token_file, vendorData=VENDOR_DATA_PLACEHOLDER)))
+
+    with pytest.raises(CatalogueError, match=r"\.vendorData: is the placeholder of an export"):
+        catalogue_import(catalogue_load([str(path)]))
+    assert not Cluster.objects.exists()
 
 
 def test_export_of_named_clusters_and_of_an_unknown_one(tmp_path: Path, token_file: str) -> None:

@@ -128,6 +128,10 @@ def test_export_catalogue_prints_yaml_that_imports_back_unchanged(tmp_path: Path
         "unchanged cluster proxmox-home",
         "unchanged cluster proxmox-lab",
     ]
+    assert "vendorData: '<sealed: use --include-secrets>'" in out
+    assert "qemu-guest-agent" not in out
+    with_secrets, _ = run("export_catalogue", "--include-secrets")
+    assert "packages: [qemu-guest-agent]" in with_secrets
     only, _ = run("export_catalogue", "--cluster", "proxmox-lab")
     assert [d["name"] for d in yaml.safe_load_all(only)] == ["proxmox-lab"]
     assert "no cluster is named nope" in refused("export_catalogue", "--cluster", "nope")

@@ -12,6 +12,7 @@ import json
 import pytest
 from pump import Pump, Sim
 
+from provisioning import sealing
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.proxmox.errors import PermanentError
 from provisioning.proxmox.ids import vmid_for
@@ -54,7 +55,9 @@ def test_preview_asks_proxmox_nothing_and_hides_the_cloud_init(sim: Sim) -> None
     assert _written() == before
     assert plan.uid == str(proxy.uid)
     assert plan.vmid_candidate == vmid_for(proxy.uid, 0, 100000, 199999)
-    assert plan.cloud_init_sha256 == hashlib.sha256(SECRET_CLOUD_INIT).hexdigest()
+    # Keyed (HMAC), so the shown digest confirms no guessed cloud-init.
+    assert plan.cloud_init_sha256 == sealing.digest(SECRET_CLOUD_INIT)
+    assert plan.cloud_init_sha256 != hashlib.sha256(SECRET_CLOUD_INIT).hexdigest()
     for text in (json.dumps(plan.as_dict()), hash_input(plan)):
         assert "PLAN-SECRET-42" not in text
     assert plan_preview(proxy).plan_hash == plan.plan_hash
@@ -96,7 +99,9 @@ def test_plan_for_spec_writes_nothing_and_has_no_uid_yet(sim: Sim) -> None:
     assert (plan.uid, plan.vmid_candidate) == (None, None)
     assert plan.vm_name == "proxy-future"
     assert plan.node_source == "placement"
-    assert plan.cloud_init_sha256 == hashlib.sha256(SECRET_CLOUD_INIT).hexdigest()
+    # Keyed (HMAC), so the shown digest confirms no guessed cloud-init.
+    assert plan.cloud_init_sha256 == sealing.digest(SECRET_CLOUD_INIT)
+    assert plan.cloud_init_sha256 != hashlib.sha256(SECRET_CLOUD_INIT).hexdigest()
     assert plan_for_spec(spec).plan_hash == plan.plan_hash
     with pytest.raises(PermanentError):
         plan_for_spec(ProxySpec("Not_A_Label", sim.cluster, "small", "debian-13"))

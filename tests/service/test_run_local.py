@@ -38,6 +38,7 @@ with open(os.path.join(root, "manage-calls.jsonl"), "a") as fh:
         "redis": os.environ.get("REDIS_URL"),
         "var": os.environ.get("PROXYHUB_VAR_DIR"),
         "credentials": os.environ.get("PROXYHUB_CREDENTIALS_DIR"),
+        "sealing": os.environ.get("PROXYHUB_SEALING_KEYS"),
     }) + "\\n")
 sys.exit(int(os.environ.get("FAKE_MANAGE_FAIL_" + sys.argv[1], "0")))
 """
@@ -279,6 +280,32 @@ def test_admin_password_is_kept_across_runs(run_local, fake_repo: Path) -> None:
     assert f"password {password}" in second.stdout()
     shell_calls = [c for c in second.manage_calls() if c["argv"][0] == "shell"]
     assert [c["password"] for c in shell_calls] == [password, password]
+
+
+def test_the_sealing_key_is_generated_once_kept_out_of_git_and_reused(
+    run_local, fake_repo: Path
+) -> None:
+    """No constant from the repository seals a clone's cloud-init: the first run makes a random
+    Fernet key under var/ (gitignored), owner-only, and every later run hands the same one to
+    every process."""
+    from cryptography.fernet import Fernet
+
+    first = run_local()
+    first.wait_ready()
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(30) == 0
+    key_file = fake_repo / "var" / "sealing-key"
+    key = key_file.read_text().strip()
+    Fernet(key.encode())  # a valid key, or this raises
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert {c["sealing"] for c in first.manage_calls()} == {key}
+    assert "generated the key that seals cloud-init" in first.stderr()
+    assert "var/" in (REPO / ".gitignore").read_text().split()
+
+    second = run_local()
+    second.wait_ready()
+    assert {c["sealing"] for c in second.manage_calls()} == {key}
+    assert "generated the key" not in second.stderr()
 
 
 def test_a_process_that_dies_stops_the_rest(run_local, fake_repo: Path) -> None:

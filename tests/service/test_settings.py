@@ -240,6 +240,30 @@ def test_production_refuses_to_start_without_a_secret_key(
     assert "ImproperlyConfigured: DJANGO_SECRET_KEY is not set" in done.stderr
 
 
+@pytest.mark.parametrize("key", [None, ""], ids=["unset", "empty"])
+def test_production_refuses_to_start_without_a_sealing_key(
+    prod_env: dict[str, str], manage, key: str | None
+) -> None:
+    """No fallback to a key derived from SECRET_KEY or from the repository in production."""
+    env = {k: v for k, v in prod_env.items() if k != "PROXYHUB_SEALING_KEYS"}
+    if key is not None:
+        env["PROXYHUB_SEALING_KEYS"] = key
+    done = manage(env, "check")
+    assert done.returncode != 0
+    assert "ImproperlyConfigured: PROXYHUB_SEALING_KEYS is not set" in done.stderr
+
+
+def test_a_sealing_key_that_is_not_a_fernet_key_is_refused_by_position(
+    prod_env: dict[str, str], manage
+) -> None:
+    secret = "not-a-fernet-key-secret-value"
+    env = {**prod_env, "PROXYHUB_SEALING_KEYS": f"{prod_env['PROXYHUB_SEALING_KEYS']},{secret}"}
+    done = manage(env, "check")
+    assert done.returncode != 0
+    assert "PROXYHUB_SEALING_KEYS: key 2 is not a Fernet key" in done.stderr
+    assert secret not in done.stderr + done.stdout
+
+
 def test_a_worker_refuses_to_start_without_a_secret_key(prod_env: dict[str, str]) -> None:
     """``celery -A proxyhub`` loads production's settings too, so it refuses the same way."""
     env = {k: v for k, v in prod_env.items() if k != "DJANGO_SECRET_KEY"}
