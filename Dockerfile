@@ -29,9 +29,10 @@ RUN pip install -r requirements-otel.txt
 COPY . .
 
 # Static files for the admin, collected at build time into STATIC_ROOT (/app/var/static).
-# Production's settings refuse to load without a secret key; this one exists only for this
-# command and is not in the image's environment.
-RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only python manage.py collectstatic --noinput \
+# Production's settings refuse to load without a secret key and a metrics token; this key and
+# the open /metrics exist only for this command and are not in the image's environment.
+RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only PROXYHUB_METRICS_PUBLIC=true \
+    python manage.py collectstatic --noinput \
     && mkdir -p /app/var /pvesim \
     && chown -R proxyhub:proxyhub /app/var /pvesim
 

@@ -27,9 +27,11 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The django-stubs plugin imports proxyhub.settings.production, which refuses to load without a
-# secret key or with DJANGO_DEBUG on; a throwaway key is enough to learn the models and apps.
+# secret key or metrics token, or with DJANGO_DEBUG on; a throwaway key and an open /metrics are
+# enough to learn the models and apps.
 typecheck: $(STAMP)
-	DJANGO_SECRET_KEY=typecheck-only-not-a-secret DJANGO_DEBUG=false $(BIN)/mypy
+	DJANGO_SECRET_KEY=typecheck-only-not-a-secret DJANGO_DEBUG=false PROXYHUB_METRICS_PUBLIC=true \
+		$(BIN)/mypy
 
 # Unit, HTTP and service tests on SQLite.
 pytest: $(STAMP)

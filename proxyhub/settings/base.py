@@ -122,6 +122,10 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     # the kernel's TCP connect timeout. A connect_timeout in the URL's query string wins.
     _db.setdefault("OPTIONS", {})
     _db["OPTIONS"].setdefault("connect_timeout", 5)
+# Keep a process's database connection across requests (and /readyz probes) instead of opening
+# one per request; a connection found broken is replaced at the start of the next request.
+_db["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+_db["CONN_HEALTH_CHECKS"] = True
 
 # ----------------------------------------------------------------------------------------------
 # APPS AND MIDDLEWARE
@@ -338,8 +342,18 @@ PROXYHUB_INSTALLATION_ID = env.str("PROXYHUB_INSTALLATION_ID", default="")
 PROXYHUB_INSTALLATION_ID_FILE = env.str(
     "PROXYHUB_INSTALLATION_ID_FILE", default=str(VAR_DIR / "installation-id")
 )
-# Optional bearer token for /metrics; empty leaves it open on the internal network.
+# The bearer token /metrics asks for (compared in constant time). Production refuses to start
+# without one unless PROXYHUB_METRICS_PUBLIC=true says /metrics is deliberately open (say, behind a
+# network policy); local and test leave it open when empty (runserver listens on 127.0.0.1 only).
 PROXYHUB_METRICS_TOKEN = env.str("PROXYHUB_METRICS_TOKEN", default="")
+PROXYHUB_METRICS_PUBLIC = env.bool("PROXYHUB_METRICS_PUBLIC", default=False)
+# The journal grows without bound, so /metrics counts its finished operations (succeeded,
+# failed) at most once per this many seconds per web process and serves that summary in between;
+# operations still in flight are counted at every scrape (few rows, read through an index).
+PROXYHUB_METRICS_SUMMARY_SECONDS = env.float("PROXYHUB_METRICS_SUMMARY_SECONDS", default=30.0)
+# /readyz keeps its verdict this many seconds per web process, so a probe storm costs one
+# database query and one broker round trip per window.
+PROXYHUB_READYZ_CACHE_SECONDS = env.float("PROXYHUB_READYZ_CACHE_SECONDS", default=5.0)
 
 _log_level = env.str("PROXYHUB_LOG_LEVEL", default="INFO").upper()
 if _log_level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -3,7 +3,8 @@
 The default module of ``manage.py``, ``proxyhub.wsgi``, ``proxyhub.asgi`` and ``celery -A
 proxyhub``. It refuses to start, with an ImproperlyConfigured that names the variable, without
 ``DJANGO_SECRET_KEY`` (sessions, password resets and the cloud-init seal depend on it) and with
-``DJANGO_DEBUG`` true. Nothing else is required (DESIGN.md §7): ``PROXYHUB_SECRETS_KEY`` is
+``DJANGO_DEBUG`` true, and without ``PROXYHUB_METRICS_TOKEN`` unless ``PROXYHUB_METRICS_PUBLIC``
+is true. Nothing else is required (DESIGN.md §7): ``PROXYHUB_SECRETS_KEY`` is
 recommended but falls back to a key derived from ``DJANGO_SECRET_KEY``, and every other variable
 has a working default. It passes ``manage.py check --deploy --fail-level WARNING``.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import DEBUG, VAR_DIR, env, metrics_dir
+from .base import DEBUG, PROXYHUB_METRICS_PUBLIC, PROXYHUB_METRICS_TOKEN, VAR_DIR, env, metrics_dir
 
 if DEBUG:
     raise ImproperlyConfigured(
@@ -30,6 +31,15 @@ if not SECRET_KEY:
         "DJANGO_SECRET_KEY is not set, and proxyhub.settings.production needs it: set it to 50+ "
         "random characters (python -c 'import secrets; print(secrets.token_urlsafe(50))'), the "
         "same on every machine of the deployment"
+    )
+
+# /metrics names every cluster, node and proxy count: not for whoever reaches the port.
+if not PROXYHUB_METRICS_TOKEN and not PROXYHUB_METRICS_PUBLIC:
+    raise ImproperlyConfigured(
+        "PROXYHUB_METRICS_TOKEN is not set, and proxyhub.settings.production needs it for "
+        "/metrics: set it to 32+ random characters (python -c 'import secrets; "
+        "print(secrets.token_urlsafe(32))') and give Prometheus the same value as its bearer "
+        "token, or set PROXYHUB_METRICS_PUBLIC=true to serve /metrics without one"
     )
 
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))

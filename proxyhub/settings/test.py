@@ -31,3 +31,8 @@ PROMETHEUS_MULTIPROC_DIR = metrics_dir(default="")
 # a transactional database (tests/service/test_circuit.py) and by the real workers of the
 # integration tier, which run production settings.
 PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS", default=60.0)
+
+# One process runs every in-process test: a readiness verdict or an operations summary kept from
+# one test would answer the next. Tests of the windows themselves set them (test_probe_windows.py).
+PROXYHUB_READYZ_CACHE_SECONDS = env.float("PROXYHUB_READYZ_CACHE_SECONDS", default=0.0)
+PROXYHUB_METRICS_SUMMARY_SECONDS = env.float("PROXYHUB_METRICS_SUMMARY_SECONDS", default=0.0)

@@ -35,6 +35,8 @@ def child_env(**extra: str) -> dict[str, str]:
         "PYTHONPATH": str(REPO),
         "PYTHONUNBUFFERED": "1",
         "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
+        # Production refuses to start without a /metrics token.
+        "PROXYHUB_METRICS_TOKEN": "e2e-metrics-token-not-a-secret-0123456789",
     }
     env.update(extra)
     return env

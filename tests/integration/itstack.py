@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().with_name("probe.py")
 # A key that passes `check --deploy` (50+ characters, no "django-insecure-"); test-only.
 SECRET_KEY = "it-7vQ2mZ9xK4pL8rT1wY6nB3cF5hJ0dG2sA9eU4iO7kM1qW8zX3vN6bR5tC0yH"
+METRICS_TOKEN = "it-metrics-token-not-a-secret-5tC0yH3vN6bR"
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
 UPLOAD = "POST /nodes/{node}/storage/{storage}/upload"
@@ -659,6 +660,8 @@ def stack_env(
             "PROXYHUB_VAR_DIR": str(var_dir),
             "PROMETHEUS_MULTIPROC_DIR": str(var_dir / "metrics"),
             "PROXYHUB_LOG_LEVEL": "INFO",
+            # Production refuses to start without a /metrics token.
+            "PROXYHUB_METRICS_TOKEN": METRICS_TOKEN,
         }
     )
     env.update(extra or {})

@@ -22,6 +22,8 @@ from pump import pump, sim  # noqa: F401  (the service tests' simulator and mess
 REPO = Path(__file__).resolve().parents[2]
 # A key that satisfies security.W009 (50+ characters, 5+ distinct, no "django-insecure-").
 STRONG_KEY = "pH7v-3kQz9TfWm2xLr8YcN4bJd6sAe1uGo5iK0tVhXyRwZqBnMjEaCsDfUgPlO"
+# Production refuses to start without a /metrics token (or PROXYHUB_METRICS_PUBLIC=true).
+METRICS_TOKEN = "metrics-bearer-4Qw9Zr2Lk7Xp3Vn8Tb6Hy1Jd5Fs0Gc"
 
 # Runs inside the child: set Django up, GET each path with the test client, print JSON.
 _PROBE = """
@@ -65,6 +67,7 @@ def prod_env(tmp_path: Path) -> dict[str, str]:
         "DJANGO_SECRET_KEY": STRONG_KEY,
         "DJANGO_ALLOWED_HOSTS": "proxyhub.example.com,testserver",
         "PROXYHUB_VAR_DIR": str(tmp_path / "var"),
+        "PROXYHUB_METRICS_TOKEN": METRICS_TOKEN,
     }
 
 

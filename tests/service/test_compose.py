@@ -217,6 +217,7 @@ def compose_project(tmp_path: Path) -> Path:
     shutil.copy2(COMPOSE_FILE, tmp_path / "docker-compose.yml")
     (tmp_path / ".env").write_text(
         "DJANGO_SECRET_KEY=test-only\n"
+        "PROXYHUB_METRICS_TOKEN=test-only\n"
         "POSTGRES_USER=proxyhub\nPOSTGRES_PASSWORD=test-only\nPOSTGRES_DB=proxyhub\n"
         "DATABASE_URL=postgres://proxyhub:test-only@postgres:5432/proxyhub\n"
         "REDIS_URL=redis://redis:6379/0\n"
