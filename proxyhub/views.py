@@ -77,7 +77,7 @@ def _broker_ok() -> None:
             )
             if conn.transport.driver_type == "redis":
                 # A kept connection says nothing of now: ask Redis itself.
-                conn.default_channel.client.ping()
+                conn.default_channel.client.ping()  # type: ignore[attr-defined]
             elif conn.transport.driver_type == "filesystem":
                 # The embedded broker "connects" without touching the disk; what can fail is its
                 # folders, so check those.
