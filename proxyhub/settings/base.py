@@ -131,7 +131,8 @@ _db["CONN_HEALTH_CHECKS"] = True
 # APPS AND MIDDLEWARE
 # ----------------------------------------------------------------------------------------------
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The admin, its site being the console's: sign-in asks for a one-time code (proxyhub.twofactor).
+    "proxyhub.twofactor.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -142,6 +143,10 @@ INSTALLED_APPS = [
     # (the admin's "Access attempts" and "Access failures"), and lock that pair out for a while.
     "axes",
     "csp",  # django-csp's system checks of CONTENT_SECURITY_POLICY
+    # TOTP second factor: devices (a table of django-otp's own) and the console's use of them.
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "proxyhub.twofactor.apps.TwoFactorConfig",
     "provisioning",
     "healthchecks",
 ]
@@ -154,6 +159,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): whether this session signed in with a one-time code.
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Content-Security-Policy on every response (CONTENT_SECURITY_POLICY below).
@@ -240,6 +247,13 @@ CONTENT_SECURITY_POLICY = {
 # the pair, not the username alone, keeps a stranger from locking an operator out. Unlock early
 # with `manage.py axes_reset_username USERNAME`. Behind a reverse proxy, the address is the
 # proxy's unless DJANGO_SECURE_PROXY_SSL_HEADER says the proxy is trusted (see AXES_IPWARE_*).
+# Second factor (django-otp, TOTP): any staff member may enrol an authenticator at
+# /admin/two-factor/ (or an operator runs `manage.py totp_enrol USERNAME`); sign-in then asks for
+# its code. With PROXYHUB_REQUIRE_2FA, superusers without one are refused. A wrong code counts as a
+# failed login for django-axes below.
+PROXYHUB_REQUIRE_2FA = env.bool("PROXYHUB_REQUIRE_2FA", default=False)
+OTP_TOTP_ISSUER = "proxyhub"  # the account's name in the authenticator app
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True  # never a device's key in django-otp's own admin pages
 AXES_FAILURE_LIMIT = env.int("PROXYHUB_LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.int("PROXYHUB_LOGIN_LOCKOUT_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
