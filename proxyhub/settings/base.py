@@ -131,7 +131,7 @@ _db["CONN_HEALTH_CHECKS"] = True
 # APPS AND MIDDLEWARE
 # ----------------------------------------------------------------------------------------------
 INSTALLED_APPS = [
-    # The admin, its site being the console's: sign-in asks for a one-time code (proxyhub.twofactor).
+    # The admin, with the console's site: sign-in asks for a one-time code (proxyhub.twofactor).
     "proxyhub.twofactor.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
