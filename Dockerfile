@@ -29,10 +29,12 @@ RUN pip install -r requirements-otel.txt
 COPY . .
 
 # Static files for the admin, collected at build time into STATIC_ROOT (/app/var/static).
-# Production's settings refuse to load without a secret key and a sealing key; these exist only
-# for this command (which seals nothing) and are not in the image's environment.
+# Production's settings refuse to load without a secret key, a sealing key and a metrics token;
+# these exist only for this command (which seals nothing and serves nothing) and are not in the
+# image's environment.
 RUN DJANGO_SECRET_KEY=collectstatic-at-build-time-only \
     PROXYHUB_SEALING_KEYS=Y29sbGVjdHN0YXRpYy1hdC1idWlsZC10aW1lLW9ubHk= \
+    PROXYHUB_METRICS_PUBLIC=true \
     python manage.py collectstatic --noinput \
     && mkdir -p /app/var /etc/proxyhub/pvesim \
     && chown -R proxyhub:proxyhub /app/var /etc/proxyhub/pvesim

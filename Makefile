@@ -27,10 +27,10 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The django-stubs plugin imports proxyhub.settings.production, which refuses to load without a
-# secret key and a sealing key or with DJANGO_DEBUG on; throwaway keys are enough to learn the
-# models and apps.
+# secret key, a sealing key or a metrics token, or with DJANGO_DEBUG on; throwaway keys and an
+# open /metrics are enough to learn the models and apps.
 typecheck: $(STAMP)
-	DJANGO_SECRET_KEY=typecheck-only-not-a-secret DJANGO_DEBUG=false \
+	DJANGO_SECRET_KEY=typecheck-only-not-a-secret DJANGO_DEBUG=false PROXYHUB_METRICS_PUBLIC=true \
 	PROXYHUB_SEALING_KEYS=dHlwZWNoZWNrLW9ubHktbm90LWEtc2VjcmV0LWtleSE= $(BIN)/mypy
 
 # Unit, HTTP and service tests on SQLite.

@@ -74,3 +74,16 @@ def ensure_schedules(
             },
         )
     return list(schedules)
+
+
+# Beat's task names of proxyhub's own jobs all start so (every task has an explicit stable
+# name, STYLE.md), and the schedules ensure_schedules writes are all named so; healthchecks'
+# schedules follow the same rule without provisioning having to import it.
+OWN_TASK_PREFIX = "proxyhub."
+OWN_NAME_PREFIX = "proxyhub: "
+
+
+def is_own_schedule(*, name: str, task: str) -> bool:
+    """Whether a Beat schedule is one of proxyhub's own (or runs one of its tasks): only a
+    superuser may change what it runs, disable it or delete it (issue 11)."""
+    return name.startswith(OWN_NAME_PREFIX) or task.startswith(OWN_TASK_PREFIX)

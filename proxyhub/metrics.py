@@ -4,7 +4,9 @@ Two kinds of numbers:
 
 * what the database says now (proxies by phase and cluster, operations by kind and state):
   ``DatabaseCountCollector`` counts rows when /metrics is scraped, so there is nothing to keep
-  in sync and every process reports the same truth;
+  in sync and every process reports the same truth; the journal of operations only grows, so
+  ``OperationCountCollector`` counts its finished rows from a summary kept a few seconds
+  (``PROXYHUB_METRICS_SUMMARY_SECONDS``) and only the few in-flight rows at every scrape;
 * what processes did (Proxmox requests, step durations): counters and histograms that the code
   feeds through ``record_proxmox_call`` and ``record_step``. Proxmox calls happen in Celery
   workers, so these use prometheus_client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR``
@@ -19,11 +21,15 @@ itself: it logs one "proxmox api call" line per request (seed 000 entry 20), and
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.core.exceptions import FieldError
 from django.db import DatabaseError
 from django.db.models import Count
@@ -144,12 +150,6 @@ DEFAULT_COUNTS = (
         "provisioning.Proxy",
         {"phase": "phase", "cluster": "cluster__name"},
     ),
-    CountSpec(
-        "proxyhub_operations",
-        "Operations in the journal by kind and state.",
-        "provisioning.Operation",
-        {"kind": "kind", "state": "state"},
-    ),
 )
 
 
@@ -186,6 +186,62 @@ class DatabaseCountCollector(Collector):
         for row in rows:
             family.add_metric(["" if row[lk] is None else str(row[lk]) for lk in lookups], row["n"])
         return family
+
+
+class OperationCountCollector(Collector):
+    """``proxyhub_operations{kind,state}``: operations in the journal by kind and state, without
+    counting the whole journal at every scrape.
+
+    The journal only grows (it outlives the proxies it served), so a GROUP BY over all of it per
+    scrape costs more with every operation ever run. Operations still in flight (queued, running,
+    waiting, unknown) are few and found through the ``(state, next_step_at)`` index, so they are
+    counted at every scrape; the finished ones (succeeded, failed) change only by growing, so
+    their counts come from a summary this process recomputes at most once per
+    ``PROXYHUB_METRICS_SUMMARY_SECONDS``. Within that window a finished count can lag by the
+    operations that finished since; an in-flight count never lags.
+    """
+
+    METRIC = "proxyhub_operations"
+    DOCUMENTATION = "Operations in the journal by kind and state."
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finished: list[tuple[str, str, int]] | None = None
+        self._finished_at = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            model = apps.get_model("provisioning", "Operation")
+            # Imported here: settings' LOGGING imports this module before the apps are loaded.
+            from provisioning.models.choices import ACTIVE_STATES
+
+            active = self._group(model._default_manager.filter(state__in=ACTIVE_STATES))
+            finished = self._finished_summary(model, ACTIVE_STATES)
+        except (LookupError, DatabaseError, FieldError) as exc:
+            log.debug("metrics family skipped", extra={"metric": self.METRIC, "reason": repr(exc)})
+            return
+        family = GaugeMetricFamily(self.METRIC, self.DOCUMENTATION, labels=["kind", "state"])
+        for kind, state, n in sorted([*active, *finished]):
+            family.add_metric([kind, state], n)
+        yield family
+
+    @staticmethod
+    def _group(queryset: Any) -> list[tuple[str, str, int]]:
+        rows = queryset.values_list("kind", "state").annotate(n=Count("pk")).order_by()
+        return [(str(kind), str(state), int(n)) for kind, state, n in rows]
+
+    def _finished_summary(self, model: Any, active: Iterable[str]) -> list[tuple[str, str, int]]:
+        window = float(settings.PROXYHUB_METRICS_SUMMARY_SECONDS)
+        with self._lock:
+            now = time.monotonic()
+            if self._finished is None or now - self._finished_at >= window:
+                self._finished = self._group(model._default_manager.exclude(state__in=active))
+                self._finished_at = now
+            return self._finished
+
+
+# One per process: the summary it keeps is what bounds the cost of a scrape.
+OPERATION_COUNTS = OperationCountCollector()
 
 
 class CircuitCollector(Collector):
@@ -234,6 +290,7 @@ def exposition(multiproc_dir: str | Path | None) -> bytes:
     else:
         registry.register(_DefaultRegistry())
     registry.register(DatabaseCountCollector())
+    registry.register(OPERATION_COUNTS)
     registry.register(CircuitCollector())
     # Imported here, not at the top: settings' LOGGING imports this module before the apps
     # (and their models) are loaded.

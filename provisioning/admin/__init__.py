@@ -7,7 +7,7 @@ preflight), the bulk-create page in ``views``. Importing this package registers 
 
 from django.contrib import admin
 
-from . import clusters, gcrounds, operations, proxies, quotas  # noqa: F401  (registers admins)
+from . import clusters, gcrounds, operations, proxies, quotas, schedules  # noqa: F401  (registers)
 
 admin.site.site_header = "proxyhub"
 admin.site.site_title = "proxyhub"

@@ -123,12 +123,17 @@ elif _db["ENGINE"] == "django.db.backends.postgresql":
     # the kernel's TCP connect timeout. A connect_timeout in the URL's query string wins.
     _db.setdefault("OPTIONS", {})
     _db["OPTIONS"].setdefault("connect_timeout", 5)
+# Keep a process's database connection across requests (and /readyz probes) instead of opening
+# one per request; a connection found broken is replaced at the start of the next request.
+_db["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+_db["CONN_HEALTH_CHECKS"] = True
 
 # ----------------------------------------------------------------------------------------------
 # APPS AND MIDDLEWARE
 # ----------------------------------------------------------------------------------------------
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The admin, with the console's site: sign-in asks for a one-time code (proxyhub.twofactor).
+    "proxyhub.twofactor.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -139,6 +144,10 @@ INSTALLED_APPS = [
     # (the admin's "Access attempts" and "Access failures"), and lock that pair out for a while.
     "axes",
     "csp",  # django-csp's system checks of CONTENT_SECURITY_POLICY
+    # TOTP second factor: devices (a table of django-otp's own) and the console's use of them.
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "proxyhub.twofactor.apps.TwoFactorConfig",
     "provisioning",
     "healthchecks",
 ]
@@ -151,6 +160,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # request.user.is_verified(): whether this session signed in with a one-time code.
+    "django_otp.middleware.OTPMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     # After MessageMiddleware: tells the next page when work could not reach the task queue.
     "provisioning.admin.queue_notice.UnsentWorkNoticeMiddleware",
@@ -239,6 +250,13 @@ CONTENT_SECURITY_POLICY = {
 # the pair, not the username alone, keeps a stranger from locking an operator out. Unlock early
 # with `manage.py axes_reset_username USERNAME`. Behind a reverse proxy, the address is the
 # proxy's unless DJANGO_SECURE_PROXY_SSL_HEADER says the proxy is trusted (see AXES_IPWARE_*).
+# Second factor (django-otp, TOTP): any staff member may enrol an authenticator at
+# /admin/two-factor/ (or an operator runs `manage.py totp_enrol USERNAME`); sign-in then asks for
+# its code. With PROXYHUB_REQUIRE_2FA, superusers without one are refused. A wrong code counts as a
+# failed login for django-axes below.
+PROXYHUB_REQUIRE_2FA = env.bool("PROXYHUB_REQUIRE_2FA", default=False)
+OTP_TOTP_ISSUER = "proxyhub"  # the account's name in the authenticator app
+OTP_ADMIN_HIDE_SENSITIVE_DATA = True  # never a device's key in django-otp's own admin pages
 AXES_FAILURE_LIMIT = env.int("PROXYHUB_LOGIN_FAILURE_LIMIT", default=5)
 AXES_COOLOFF_TIME = timedelta(minutes=env.int("PROXYHUB_LOGIN_LOCKOUT_MINUTES", default=15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
@@ -357,8 +375,18 @@ PROXYHUB_INSTALLATION_ID = env.str("PROXYHUB_INSTALLATION_ID", default="")
 PROXYHUB_INSTALLATION_ID_FILE = env.str(
     "PROXYHUB_INSTALLATION_ID_FILE", default=str(VAR_DIR / "installation-id")
 )
-# Optional bearer token for /metrics; empty leaves it open on the internal network.
+# The bearer token /metrics asks for (compared in constant time). Production refuses to start
+# without one unless PROXYHUB_METRICS_PUBLIC=true says /metrics is deliberately open (say, behind a
+# network policy); local and test leave it open when empty (runserver listens on 127.0.0.1 only).
 PROXYHUB_METRICS_TOKEN = env.str("PROXYHUB_METRICS_TOKEN", default="")
+PROXYHUB_METRICS_PUBLIC = env.bool("PROXYHUB_METRICS_PUBLIC", default=False)
+# The journal grows without bound, so /metrics counts its finished operations (succeeded,
+# failed) at most once per this many seconds per web process and serves that summary in between;
+# operations still in flight are counted at every scrape (few rows, read through an index).
+PROXYHUB_METRICS_SUMMARY_SECONDS = env.float("PROXYHUB_METRICS_SUMMARY_SECONDS", default=30.0)
+# /readyz keeps its verdict this many seconds per web process, so a probe storm costs one
+# database query and one broker round trip per window.
+PROXYHUB_READYZ_CACHE_SECONDS = env.float("PROXYHUB_READYZ_CACHE_SECONDS", default=5.0)
 
 _log_level = env.str("PROXYHUB_LOG_LEVEL", default="INFO").upper()
 if _log_level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:

@@ -10,7 +10,7 @@ SQLite file and embedded broker under ``var/``, the same metrics directory, the 
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import BASE_DIR, PROXYHUB_SEALING_KEYS, VAR_DIR, env, metrics_dir
+from .base import BASE_DIR, DATABASES, PROXYHUB_SEALING_KEYS, VAR_DIR, env, metrics_dir
 
 # Django's debug pages and runserver's static files; DJANGO_DEBUG=false shows the pages a
 # deployment would.
@@ -36,6 +36,10 @@ SECURE_HSTS_SECONDS = 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = False
 SESSION_COOKIE_SECURE = False
 CSRF_COOKIE_SECURE = False
+
+# runserver answers each request on a thread of its own, so a kept connection would only pile up
+# (Django's docs: no persistent connections in development).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=0)
 
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))
 

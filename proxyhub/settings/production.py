@@ -3,8 +3,9 @@
 The default module of ``manage.py``, ``proxyhub.wsgi``, ``proxyhub.asgi`` and ``celery -A
 proxyhub``. It refuses to start, with an ImproperlyConfigured that names the variable, without
 ``DJANGO_SECRET_KEY`` (sessions and password resets depend on it), without
-``PROXYHUB_SEALING_KEYS`` (cloud-init and vendor-data are sealed with it) and with
-``DJANGO_DEBUG`` true. Every other variable has a working default. It passes
+``PROXYHUB_SEALING_KEYS`` (cloud-init and vendor-data are sealed with it), without
+``PROXYHUB_METRICS_TOKEN`` unless ``PROXYHUB_METRICS_PUBLIC`` is true, and with ``DJANGO_DEBUG``
+true. Every other variable has a working default. It passes
 ``manage.py check --deploy --fail-level WARNING``.
 """
 
@@ -13,7 +14,15 @@ from __future__ import annotations
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import DEBUG, PROXYHUB_SEALING_KEYS, VAR_DIR, env, metrics_dir
+from .base import (
+    DEBUG,
+    PROXYHUB_METRICS_PUBLIC,
+    PROXYHUB_METRICS_TOKEN,
+    PROXYHUB_SEALING_KEYS,
+    VAR_DIR,
+    env,
+    metrics_dir,
+)
 
 if DEBUG:
     raise ImproperlyConfigured(
@@ -42,6 +51,15 @@ if not PROXYHUB_SEALING_KEYS:
         "print(Fernet.generate_key().decode())'), the same on every machine of the deployment; "
         "an install upgraded from PROXYHUB_SECRETS_KEY keeps that set too until "
         "manage.py rotate_sealing_key has run"
+    )
+
+# /metrics names every cluster, node and proxy count: not for whoever reaches the port.
+if not PROXYHUB_METRICS_TOKEN and not PROXYHUB_METRICS_PUBLIC:
+    raise ImproperlyConfigured(
+        "PROXYHUB_METRICS_TOKEN is not set, and proxyhub.settings.production needs it for "
+        "/metrics: set it to 32+ random characters (python -c 'import secrets; "
+        "print(secrets.token_urlsafe(32))') and give Prometheus the same value as its bearer "
+        "token, or set PROXYHUB_METRICS_PUBLIC=true to serve /metrics without one"
     )
 
 PROMETHEUS_MULTIPROC_DIR = metrics_dir(default=str(VAR_DIR / "metrics"))

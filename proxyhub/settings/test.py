@@ -44,3 +44,8 @@ PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = env.float("PROXYHUB_CIRCUIT_PROBE_WAIT_SEC
 # Fixed rather than read from the environment: a developer's own value must not decide what the
 # suite may read.
 PROXYHUB_CREDENTIALS_DIR = tempfile.gettempdir()
+
+# One process runs every in-process test: a readiness verdict or an operations summary kept from
+# one test would answer the next. Tests of the windows themselves set them (test_probe_windows.py).
+PROXYHUB_READYZ_CACHE_SECONDS = env.float("PROXYHUB_READYZ_CACHE_SECONDS", default=0.0)
+PROXYHUB_METRICS_SUMMARY_SECONDS = env.float("PROXYHUB_METRICS_SUMMARY_SECONDS", default=0.0)

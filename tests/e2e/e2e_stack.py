@@ -38,6 +38,8 @@ def child_env(**extra: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "proxyhub.settings.production",
         # The simulator's token and CA live in pytest's temporary directories.
         "PROXYHUB_CREDENTIALS_DIR": tempfile.gettempdir(),
+        # Production refuses to start without a /metrics token.
+        "PROXYHUB_METRICS_TOKEN": "e2e-metrics-token-not-a-secret-0123456789",
     }
     env.update(extra)
     return env

@@ -41,6 +41,7 @@ PROBE = Path(__file__).resolve().with_name("probe.py")
 # A key that passes `check --deploy` (50+ characters, no "django-insecure-"); test-only.
 SEALING_KEY = "aXQtc2VhbGluZy1rZXktbm90LWEtc2VjcmV0LTAwMDE="
 SECRET_KEY = "it-7vQ2mZ9xK4pL8rT1wY6nB3cF5hJ0dG2sA9eU4iO7kM1qW8zX3vN6bR5tC0yH"
+METRICS_TOKEN = "it-metrics-token-not-a-secret-5tC0yH3vN6bR"
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
 UPLOAD = "POST /nodes/{node}/storage/{storage}/upload"
@@ -666,6 +667,8 @@ def stack_env(
             "PROXYHUB_CREDENTIALS_DIR": tempfile.gettempdir(),
             # The benchmarks declare fleets of hundreds with one `proxies create --count`.
             "PROXYHUB_MAX_BULK_CREATE": "10000",
+            # Production refuses to start without a /metrics token.
+            "PROXYHUB_METRICS_TOKEN": METRICS_TOKEN,
         }
     )
     env.update(extra or {})

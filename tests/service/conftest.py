@@ -24,6 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 # A Fernet key for production's required PROXYHUB_SEALING_KEYS, in child processes.
 SEALING_KEY = "cHJvZC1lbnYtc2VhbGluZy1rZXktbm90LXNlY3JldCE="
 STRONG_KEY = "pH7v-3kQz9TfWm2xLr8YcN4bJd6sAe1uGo5iK0tVhXyRwZqBnMjEaCsDfUgPlO"
+# Production refuses to start without a /metrics token (or PROXYHUB_METRICS_PUBLIC=true).
+METRICS_TOKEN = "metrics-bearer-4Qw9Zr2Lk7Xp3Vn8Tb6Hy1Jd5Fs0Gc"
 
 # Runs inside the child: set Django up, GET each path with the test client, print JSON.
 _PROBE = """
@@ -68,6 +70,7 @@ def prod_env(tmp_path: Path) -> dict[str, str]:
         "PROXYHUB_SEALING_KEYS": SEALING_KEY,
         "DJANGO_ALLOWED_HOSTS": "proxyhub.example.com,testserver",
         "PROXYHUB_VAR_DIR": str(tmp_path / "var"),
+        "PROXYHUB_METRICS_TOKEN": METRICS_TOKEN,
     }
 
 

@@ -223,6 +223,7 @@ def compose_project(tmp_path: Path) -> Path:
     (tmp_path / ".env").write_text(
         "DJANGO_SECRET_KEY=test-only\n"
         "PROXYHUB_SEALING_KEYS=c2VhbGluZy10ZXN0LWtleS1ub3QtYS1zZWNyZXQtMDE=\n"
+        "PROXYHUB_METRICS_TOKEN=test-only\n"
         "POSTGRES_USER=proxyhub\nPOSTGRES_PASSWORD=test-only\nPOSTGRES_DB=proxyhub\n"
         "DATABASE_URL=postgres://proxyhub:test-only@postgres:5432/proxyhub\n"
         "REDIS_URL=redis://redis:6379/0\n"

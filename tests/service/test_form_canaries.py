@@ -362,11 +362,6 @@ def test_a_canary_posted_through_every_form_is_found_nowhere(
         assert not leaked, f"{leaked} in the database column {column}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vendorData is stored, shown and logged in clear until it is sealed like user-data "
-    "(issue 11, 'Keys and sealed data', another branch); drop this mark when that lands",
-)
 def test_vendor_data_posted_through_the_cluster_form_is_found_nowhere(
     sim: Sim, people: People, caplog: pytest.LogCaptureFixture, settings: Any
 ) -> None:
