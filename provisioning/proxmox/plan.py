@@ -38,7 +38,7 @@ from .config import ProxmoxConfig
 from .ids import canonical_uid, vmid_for
 from .marks import CREATED_AT_KEY, INSTALLATION_KEY, MANAGED_KEY, MANAGED_YES, UID_KEY
 from .placement import resolve_machine_type, resolve_template, resolve_zone
-from .seed import seed_iso_name, seed_volid
+from .seed import SEED_SUFFIX, installation_tag, seed_iso_name, seed_volid
 from .template import desired_config
 
 # Changes whenever the meaning of a hash input changes, so an old hash never matches a new plan.
@@ -271,6 +271,12 @@ def build_plan(
     candidate = (
         vmid_for(uid_text, 0, config.vmid_min, config.vmid_max) if uid_text is not None else None
     )
+    # Without a uid yet, the seed's name shows where the uid's tag will go.
+    seed_name = (
+        seed_iso_name(vm_name, installation_id=config.installation_id, uid=uid_text)
+        if uid_text is not None
+        else f"{vm_name}_{installation_tag(config.installation_id)}_<uid>{SEED_SUFFIX}"
+    )
     vendor_sha = (
         hashlib.sha256(config.vendor_data.encode("utf-8")).hexdigest()
         if config.vendor_data
@@ -298,15 +304,17 @@ def build_plan(
         bridge=config.bridge,
         vlan_tag=config.vlan_tag,
         iso_storage=config.iso_storage,
-        seed_iso_name=seed_iso_name(vm_name),
-        seed_volid=seed_volid(config.iso_storage, vm_name),
+        seed_iso_name=seed_name,
+        seed_volid=seed_volid(config.iso_storage, seed_name),
         install_guest_agent=config.install_guest_agent,
         vendor_data_sha256=vendor_sha,
         cloud_init_sha256=digest,
         cloud_init_bytes=cloud_init_bytes,
         # The configure step's writes with the template's config unknown: ``desired_config``
         # adds net0 only once it has read the clone's net0, which ``network_change`` describes.
-        configure=desired_config({}, config, vm_name, machine.cores, machine.memory_mib),
+        configure=desired_config(
+            {}, config, vm_name, machine.cores, machine.memory_mib, seed_name=seed_name
+        ),
         mark_lines=_mark_lines(uid_text, config.installation_id),
         steps=(),
     )

@@ -169,13 +169,18 @@ class Provider:
         listing: Sequence[Mapping[str, Any]] | None = None,
         deadline: Deadline | None = None,
     ) -> list[SeedVolume]:
-        """Seed ISOs on ``isoStorage`` whose VM no longer exists (DESIGN.md §2)."""
+        """This installation's seed ISOs on ``isoStorage`` whose VM no longer exists (DESIGN.md
+        §2; ``observe.orphan_seeds``)."""
         try:
             if listing is None:
                 listing = self.api.cluster_resources(deadline=deadline)
         except Exception as err:
             raise classify("list", err) from err
-        return orphan_seeds(list_seeds(self.api, self.config, deadline=deadline), listing)
+        return orphan_seeds(
+            list_seeds(self.api, self.config, deadline=deadline),
+            listing,
+            installation_id=self.config.installation_id,
+        )
 
     def check(self, *, deadline: Deadline | None = None) -> list[NodeCheck]:
         return check_nodes(self.api, self.config, deadline=deadline)

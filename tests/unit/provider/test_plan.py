@@ -68,8 +68,8 @@ def test_plan_makes_no_proxmox_call_and_resolves_every_value(world: World) -> No
     assert (plan.node, plan.node_source) == ("pve2", "zone")
     assert plan.vmid_candidate == vmid_for(req.uid, 0, 100000, 199999)
     assert (plan.cores, plan.memory_mib, plan.disk_gib) == (1, 1024, 10)
-    assert plan.seed_iso_name == "proxy-shown-seed.iso"
-    assert plan.seed_volid == "proxy-seeds:iso/proxy-shown-seed.iso"
+    assert plan.seed_iso_name == world.seed_volid(req).split("/", 1)[1]
+    assert plan.seed_volid == world.seed_volid(req)
     assert (plan.install_guest_agent, plan.extra_vendor_data) == (True, False)
     shown = plan.as_dict()
     json.dumps(shown)  # JSON-friendly as it is
