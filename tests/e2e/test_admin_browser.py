@@ -246,7 +246,9 @@ def test_an_operator_runs_a_fleet_from_the_browser(
     console.run_action("delete_vms", None)
     listed = page.locator("#targets tbody tr td:first-child").all_inner_texts()
     assert sorted(listed) == list(NAMES)
-    assert re.search(r"proxy-seeds:iso/proxy-e2e-1-seed\.iso", page.content())
+    assert re.search(
+        r"proxy-seeds:iso/proxy-e2e-1_[0-9a-f]{8}_[0-9a-f]{12}-seed\.iso", page.content()
+    )
     screenshot(page, "17-delete-confirm")
     console.follow("input[type=submit][value^='Yes, delete']")
     console.wait_for_phases(lambda p: not p, "every proxy gone")
