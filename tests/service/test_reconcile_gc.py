@@ -146,3 +146,19 @@ def test_gc_on_a_mixed_cluster_removes_exactly_our_old_orphans(pump: Pump, sim: 
     theirs = seed_iso_name("proxy-gone", installation_id="other", uid=gone_uid)
     assert f"proxy-seeds:iso/{ours_seed}" not in left
     assert {f"proxy-seeds:iso/{theirs}", "proxy-seeds:iso/proxy-old-seed.iso"} <= left
+
+
+def test_gc_never_collects_a_vm_whose_mark_has_no_uid(pump: Pump, sim: Sim) -> None:
+    """Issue 11: a mark without a uid is not provably ours, so a destroy would refuse it; GC
+    does not plan it (nor send a delete that would leave it, round after round)."""
+    from provisioning.services.installation import installation_id
+
+    ours = installation_id()  # drawn and written outside the database, as a first create does
+    description = f"proxyhub-managed=true\nproxyhub-installation={ours}"
+    sim.api.clone("pve1", 9000, newid=150009, name="proxy-nouid", description=description)
+    sim.settle()
+    assert pump.call(gc_run, dry_run=True, min_age=0) == []
+    pump.call(gc_run, min_age=0)
+    pump.run()
+    assert "proxy-nouid" in {e.get("name") for e in sim.api.cluster_resources()}
+    assert not Operation.objects.filter(kind=OperationKind.DELETE).exists()
