@@ -78,6 +78,7 @@ HASH_FIELDS: tuple[tuple[str, str], ...] = (
     ("vendorDataSha256", "vendor_data_sha256"),
     ("cloudInitSha256", "cloud_init_sha256"),
     ("cloudInitBytes", "cloud_init_bytes"),
+    ("keepSeedIso", "keep_seed_iso"),
 )
 
 CREATED_AT_LATER = "<written at clone time>"
@@ -131,6 +132,8 @@ class Plan:
     steps: tuple[PlanStep, ...]
     plan_hash: str = field(default="")
     format: str = PLAN_FORMAT
+    # PROXYHUB_KEEP_SEED_ISO: the seed stays after boot instead of being released (issue 11).
+    keep_seed_iso: bool = False
 
     @property
     def extra_vendor_data(self) -> bool:
@@ -221,6 +224,7 @@ class Plan:
                 "volid": self.seed_volid,
                 "cloudInitSha256": self.cloud_init_sha256,
                 "cloudInitBytes": self.cloud_init_bytes,
+                "keptAfterBoot": self.keep_seed_iso,
             },
             "vendorData": {
                 "installGuestAgent": self.install_guest_agent,
@@ -255,6 +259,7 @@ def build_plan(
     cloud_init_sha256: str,
     cloud_init_bytes: int,
     placement_node: str | None = None,
+    keep_seed_iso: bool = False,
 ) -> Plan:
     """The plan of a create of ``vm_name``, without any Proxmox call.
 
@@ -317,6 +322,7 @@ def build_plan(
         ),
         mark_lines=_mark_lines(uid_text, config.installation_id),
         steps=(),
+        keep_seed_iso=keep_seed_iso,
     )
     plan = replace(plan, steps=_steps(plan))
     return replace(plan, plan_hash=compute_plan_hash(plan))
@@ -361,8 +367,8 @@ def _mark_lines(uid: str | None, installation_id: str) -> tuple[str, ...]:
 
 def _steps(plan: Plan) -> tuple[PlanStep, ...]:
     """The create's stages in the order the machine runs them (create.py, seed 000 entry 10),
-    then the service's boot-to-address stage. ``lock_wait`` is left out: it appears only when
-    a VMID is found mid-clone, which no preview can foresee."""
+    then the service's boot-to-address stage and the seed's release. ``lock_wait`` is left
+    out: it appears only when a VMID is found mid-clone, which no preview can foresee."""
     vmid = f"VMID {plan.vmid_candidate}" if plan.vmid_candidate is not None else "the UID's VMID"
     where = plan.storage or "the template disks' storage"
     steps = [
@@ -410,4 +416,12 @@ def _steps(plan: Plan) -> tuple[PlanStep, ...]:
             ),
         ),
     ]
+    if not plan.keep_seed_iso:
+        steps.append(
+            PlanStep(
+                "seed_release",
+                f"eject {plan.seed_iso_name} from the VM and delete it from {plan.iso_storage} "
+                "(it holds the user-data; the boot that read it is over)",
+            )
+        )
     return tuple(steps)

@@ -32,6 +32,7 @@ from .installation import installation_id
 from .operations import ProxySpec
 from .placement import choose_node
 from .providers import provider_for
+from .seeds import keep_seed_iso
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ def plan_for_spec(spec: ProxySpec) -> Plan:
         cloud_init_sha256=sealing.digest(spec.cloud_init) if spec.cloud_init else "",
         cloud_init_bytes=len(spec.cloud_init),
         placement_node=_placement(spec.cluster, config, zone=spec.zone, observed=""),
+        keep_seed_iso=keep_seed_iso(),
     )
 
 
@@ -113,6 +115,7 @@ def _plan_for_proxy(proxy: Proxy, config: ProxmoxConfig) -> Plan:
         cloud_init_sha256=proxy.cloud_init_sha256,
         cloud_init_bytes=proxy.cloud_init_bytes,
         placement_node=_placement(proxy.cluster, config, zone=proxy.zone, observed=proxy.node),
+        keep_seed_iso=keep_seed_iso(),
     )
 
 

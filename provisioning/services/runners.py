@@ -33,6 +33,7 @@ from provisioning.sealing import SealError
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
+from .seeds import keep_seed_iso
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -180,12 +181,6 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
         message=f"waiting for the guest agent ({instance.state})",
     )
     return Outcome(result, progress, observed, phase_name="address")
-
-
-def keep_seed_iso() -> bool:
-    """``PROXYHUB_KEEP_SEED_ISO``: keep the seed attached and on storage after boot, for images
-    that read their cloud-init on every boot (docs/operator-guide.md, "The seed ISO")."""
-    return bool(getattr(settings, "PROXYHUB_KEEP_SEED_ISO", False))
 
 
 def _release_seed(op: Operation, provider: Provider, progress: dict[str, Any]) -> Outcome:

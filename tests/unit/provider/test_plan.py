@@ -139,8 +139,12 @@ def test_plan_steps_are_the_stages_the_create_runs(
     plan = plan_of(world.config, req)
     result = world.create(req)
     assert result.status == "done"
-    # "address" is the service's stage after the provider's create (driver.py).
-    assert [s.name for s in plan.steps] == [*journal_stages(world), "address"]
+    # "address" and "seed_release" are the service's stages after the provider's create
+    # (runners.py); with the seed kept, the release is not planned.
+    assert [s.name for s in plan.steps] == [*journal_stages(world), "address", "seed_release"]
+    kept = plan_of(world.config, req, keep_seed_iso=True)
+    assert [s.name for s in kept.steps] == [*journal_stages(world), "address"]
+    assert kept.plan_hash != plan.plan_hash
     assert ("resize" in [s.name for s in plan.steps]) == (machine_type == "small")
 
 
