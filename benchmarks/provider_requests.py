@@ -3,9 +3,11 @@
 No Django, no worker, no journal: ``provisioning.proxmox.provider.Provider`` over the real
 ``HttpTransport`` against ``python -m pvesim --profile fast``, driven the blocking way
 (``Provider.create`` to a running VM, then ``Provider.get`` until the guest agent reports an
-address, then ``Provider.delete``). Counts come from the simulator's ledger, split into
-mutations (POST/PUT/DELETE), polls (reads repeated while a task or a boot runs: task status, VM
-status, guest agent) and other reads (listing, configs, task lists, storage).
+address, then the seed release that follows the address by default (issue 11:
+``Provider.release_seed_step`` until done), then ``Provider.delete``). Counts come from the
+simulator's ledger, split into mutations (POST/PUT/DELETE), polls (reads repeated while a task
+or a boot runs: task status, VM status, guest agent) and other reads (listing, configs, task
+lists, storage).
 
 The create's polls depend on the poll interval (``Budgets.poll_interval``, 1 s by default,
 the setting ``PROXYHUB_POLL_INTERVAL_SECONDS`` in the service) against the profile's task
@@ -48,6 +50,7 @@ from provisioning.proxmox.config import ProxmoxConfig  # noqa: E402
 from provisioning.proxmox.create import CreateRequest  # noqa: E402
 from provisioning.proxmox.http import HttpTransport  # noqa: E402
 from provisioning.proxmox.provider import Provider  # noqa: E402
+from provisioning.proxmox.release import ReleaseRequest  # noqa: E402
 from tests.integration.itstack import Simulator, start_simulator  # noqa: E402
 
 INSTALLATION = "ph-benchmark"
@@ -78,6 +81,7 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
     creates: list[dict[str, int]] = []
     addresses: list[dict[str, int]] = []
     deletes: list[dict[str, int]] = []
+    releases: list[dict[str, int]] = []
     nodes = provider.config.nodes
     for i in range(repeats):
         uid = str(uuid.uuid4())
@@ -97,15 +101,27 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
         while provider.get(provider_id).state != "Running":
             time.sleep(poll_interval)
         after_address = sim.last_seq()
+        vmid = int(provider_id.split("/")[1])
+        node = nodes[i % len(nodes)]
+        release = ReleaseRequest(name, uid, vmid, node, node)
+        progress = provider.new_release_progress()
+        while (step := provider.release_seed_step(release, progress)).status != "done":
+            assert step.status != "error", step.error
+            progress = step.progress
+            time.sleep(step.delay)
+        after_release = sim.last_seq()
         provider.delete(provider_id, uid=uid)
         entries = sim.ledger(after=before)
         create_calls = [e for e in entries if e["seq"] <= after_create]
-        delete_calls = [e for e in entries if e["seq"] > after_address]
+        delete_calls = [e for e in entries if e["seq"] > after_release]
+        release_calls = [e for e in entries if after_address < e["seq"] <= after_release]
         creates.append(_split(create_calls))
         addresses.append(_split([e for e in entries if after_create < e["seq"] <= after_address]))
+        releases.append(_split(release_calls))
         deletes.append(_split(delete_calls))
         by_endpoint = {
             "create": dict(Counter(str(e["key"]) for e in create_calls).most_common()),
+            "seedRelease": dict(Counter(str(e["key"]) for e in release_calls).most_common()),
             "delete": dict(Counter(str(e["key"]) for e in delete_calls).most_common()),
         }
     close = getattr(provider.api.transport, "close", None)
@@ -120,6 +136,7 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
         "repeats": repeats,
         "create": mean(creates),
         "addressAfterCreate": mean(addresses),
+        "seedRelease": mean(releases),
         "delete": mean(deletes),
         "lastRepeatByEndpoint": by_endpoint,
     }
@@ -147,11 +164,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = measure(sim, poll_interval=interval, repeats=args.repeats)
                 runs.append(run)
                 c, a, d = run["create"], run["addressAfterCreate"], run["delete"]
+                r = run["seedRelease"]
                 print(
                     f"poll {interval:g} s: create {c['total']:.1f} requests "
                     f"({c['mutations']:.1f} mutations, {c['polls']:.1f} polls, "
                     f"{c['otherReads']:.1f} other reads); then {a['total']:.1f} reads until "
-                    f"the address; delete {d['total']:.1f} ({d['mutations']:.1f} mutations, "
+                    f"the address; seed release {r['total']:.1f} ({r['mutations']:.1f} "
+                    f"mutations, {r['polls']:.1f} polls); delete {d['total']:.1f} "
+                    f"({d['mutations']:.1f} mutations, "
                     f"{d['polls']:.1f} polls, {d['otherReads']:.1f} other reads)"
                 )
         finally:
@@ -169,9 +189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures: dict[str, Figure] = {}
         for run in runs:
             interval = f"{run['pollIntervalSeconds']:g}s"
-            for what in ("create", "delete"):
+            for what, key in (
+                ("create", "create"),
+                ("seedRelease", "seed_release"),
+                ("delete", "delete"),
+            ):
                 split = run[what]
-                figures[f"provider_{what}_requests_poll_{interval}"] = Figure(
+                figures[f"provider_{key}_requests_poll_{interval}"] = Figure(
                     split["total"],
                     None,  # no issue sets a ceiling; the README explains each request
                     "requests",

@@ -24,8 +24,9 @@ from django.utils.translation import ngettext
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import ACTIVE_STATES, DesiredState, OperationKind, RequestedVia
 from provisioning.proxmox.power_checks import Action
-from provisioning.proxmox.seed import seed_volid
+from provisioning.proxmox.seed import seed_iso_name, seed_volid
 from provisioning.services import operations
+from provisioning.services.installation import installation_id
 
 from . import display, plans
 from .common import confirmation, confirmed, door_key, too_many
@@ -220,7 +221,9 @@ def replace(
 
 
 def delete_rows(proxies: Sequence[Proxy]) -> list[dict[str, Any]]:
-    """What a delete removes, proxy by proxy: the VM, its disks and its seed ISO."""
+    """What a delete removes, proxy by proxy: the VM, its disks and its seed ISO (named for
+    this installation and the proxy's uid; gone already when it was detached after boot)."""
+    installation = installation_id()
     return [
         {
             "cells": [
@@ -229,7 +232,10 @@ def delete_rows(proxies: Sequence[Proxy]) -> list[dict[str, Any]]:
                 proxy.node or "",
                 proxy.vmid or "",
                 proxy.provider_id or "no VM recorded",
-                seed_volid(proxy.cluster.iso_storage, proxy.vm_name),
+                seed_volid(
+                    proxy.cluster.iso_storage,
+                    seed_iso_name(proxy.vm_name, installation_id=installation, uid=str(proxy.uid)),
+                ),
                 display.phase_badge(proxy.phase),
             ],
             "skip": "",

@@ -148,9 +148,19 @@ def seconds(value: float | None) -> str:
 # --- operations -------------------------------------------------------------------------------
 
 # The journal's step names per kind, in order (the provider's stages with ``_wait`` folded into
-# the stage that submitted the task, plus the driver's ``address``): create.py, delete.py and
-# power.py. A replace deletes the old VM, then creates the new one.
-_CREATE = ("lookup", "clone", "upload", "configure", "resize", "start", "running", "address")
+# the stage that submitted the task, plus the runner's ``address`` and ``seed_release``):
+# create.py, delete.py and power.py. A replace deletes the old VM, then creates the new one.
+_CREATE = (
+    "lookup",
+    "clone",
+    "upload",
+    "configure",
+    "resize",
+    "start",
+    "running",
+    "address",
+    "seed_release",
+)
 _DELETE = ("inspect", "stop", "destroy", "seed")
 _POWER = ("inspect", "submit", "wait", "settle")
 STAGES: dict[str, tuple[str, ...]] = {

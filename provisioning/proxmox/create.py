@@ -38,7 +38,7 @@ from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import complete_mark, render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
-from .seed import build_seed_iso, seed_iso_name
+from .seed import build_seed_iso, seed_iso_name, seed_volid
 from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
 from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
@@ -93,6 +93,10 @@ class CreateMachine(StepMachine[CreateRequest]):
             },
         )
 
+    def seed_name(self, req: CreateRequest) -> str:
+        """This proxy's seed in this installation (issue 11: never another's)."""
+        return seed_iso_name(req.vm_name, installation_id=self.config.installation_id, uid=req.uid)
+
     # --- lookup and allocation (entries 2, 3, 4) -----------------------------------------
 
     def _lookup(
@@ -128,6 +132,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 entry,
                 vm_name=req.vm_name,
                 uid=req.uid,
+                installation=self.config.installation_id,
                 deadline=deadline,
             )
             if verdict.verdict in ("busy", "ours"):
@@ -144,6 +149,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 by_vmid.get(int(recorded)),
                 vm_name=req.vm_name,
                 uid=req.uid,
+                installation=self.config.installation_id,
                 deadline=deadline,
             )
             if verdict.verdict in ("busy", "ours"):
@@ -159,6 +165,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 by_vmid.get(vmid),
                 vm_name=req.vm_name,
                 uid=req.uid,
+                installation=self.config.installation_id,
                 deadline=deadline,
             )
             if verdict.verdict == "foreign":
@@ -283,7 +290,14 @@ class CreateMachine(StepMachine[CreateRequest]):
                 raise
             # Gone, or moved to its target node when the clone finished: look again.
             return StepResult("continue", advance(progress, "lookup"), "lock_wait")
-        verdict = judge_config(vmid, node, config, vm_name=req.vm_name, uid=req.uid)
+        verdict = judge_config(
+            vmid,
+            node,
+            config,
+            vm_name=req.vm_name,
+            uid=req.uid,
+            installation=self.config.installation_id,
+        )
         if verdict.verdict == "busy":
             since = progress.get("since") or self.clock()
             if self.clock() - since > self.budgets.lock_wait:
@@ -395,7 +409,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         second submission). A create that adopted its clone has no clone time: then an upload
         whose reply was lost is sent again, which overwrites with the same bytes."""
         node = str(progress["node"])
-        name = seed_iso_name(req.vm_name)
+        name = self.seed_name(req)
         iso = build_seed_iso(
             user_data=req.cloud_init,
             instance_id=req.uid,
@@ -449,7 +463,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 "before deciding",
             )
         cloned_at = progress.get("cloned_at")
-        volid = f"{self.config.iso_storage}:iso/{name}"
+        volid = seed_volid(self.config.iso_storage, name)
         for item in self.api.storage_content(
             node, self.config.iso_storage, content="iso", deadline=deadline
         ):
@@ -478,7 +492,14 @@ class CreateMachine(StepMachine[CreateRequest]):
         vmid, node = int(progress["vmid"]), str(progress["node"])
         config = self.api.vm_config(node, vmid, deadline=deadline)
         machine = resolve_machine_type(self.config, req.machine_type)
-        wanted = desired_config(config, self.config, req.vm_name, machine.cores, machine.memory_mib)
+        wanted = desired_config(
+            config,
+            self.config,
+            req.vm_name,
+            machine.cores,
+            machine.memory_mib,
+            seed_name=self.seed_name(req),
+        )
         changes = {k: v for k, v in wanted.items() if config.get(k) != v}
         if changes:
             self.api.set_vm_config(node, vmid, changes, deadline=deadline)

@@ -4,6 +4,11 @@ Stages: ``inspect`` (one listing, then the config: is the VM there and ours?), `
 ``stop_wait``, ``destroy`` and ``destroy_wait`` (``purge=1&destroy-unreferenced-disks=1``), then
 ``seed`` and ``seed_wait`` for the seed ISO on each node that may hold it.
 
+Only this installation's seed of this proxy is ever removed (issue 11): its name carries both
+(``seed.seed_iso_name``). A seed of the name earlier versions used, ``<vm name>-seed.iso``,
+says nothing of whose it is; it goes only when the VM this delete destroys (ours by name,
+installation and uid) has it attached.
+
 Name and mark are checked again right before every stop and every destroy, not only at
 ``inspect``: between two steps our VM may be destroyed by someone else and its VMID given to
 another VM, and a late delete must never destroy that one (the stale-VMID bug CAPMOX #856).
@@ -22,7 +27,7 @@ from .errors import ApiError, PermanentError, ProxmoxError, TaskFailed, Transien
 from .ids import parse_provider_id
 from .marks import parse_mark
 from .ownership import is_missing
-from .seed import seed_iso_name, seed_volid
+from .seed import legacy_seed_iso_name, seed_iso_name, seed_volid
 from .steps import Progress, StepMachine, StepResult, advance, fail
 
 log = logging.getLogger("proxyhub.proxmox.provider")
@@ -80,7 +85,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         listing = self.api.cluster_resources(deadline=deadline)
         entry = _find(listing, req)
         if entry is None or entry.get("type") != "qemu":
-            return self._seeds_everywhere(progress, "inspect", "no VM of ours at that VMID")
+            return self._seeds_everywhere(req, progress, "inspect", "no VM of ours at that VMID")
         vmid, node = int(entry["vmid"]), str(entry["node"])
         lock = entry.get("lock")
         if (lock and lock != "suspended") or entry.get("status") == "unknown":
@@ -90,11 +95,13 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             config = self.api.vm_config(node, vmid, deadline=deadline)
         except ApiError as err:
             if is_missing(err):
-                return self._seeds_everywhere(progress, "inspect", f"VM {vmid} is already gone")
+                return self._seeds_everywhere(
+                    req, progress, "inspect", f"VM {vmid} is already gone"
+                )
             raise
         verdict = self._ours(req, vmid, node, config)
         if verdict is not None:
-            return self._seeds_everywhere(progress, "inspect", verdict)
+            return self._seeds_everywhere(req, progress, "inspect", verdict)
         config_lock = config.get("lock")
         if config_lock == "suspended":
             raise PermanentError(
@@ -107,9 +114,19 @@ class DeleteMachine(StepMachine[DeleteRequest]):
                 progress, "inspect", f"VM {vmid} is locked ({config_lock})", vmid=vmid, node=node
             )
         stage = "destroy" if entry.get("status") == "stopped" else "stop"
+        legacy = seed_volid(self.config.iso_storage, legacy_seed_iso_name(req.vm_name))
         return StepResult(
             "continue",
-            advance(progress, stage, vmid=vmid, node=node, ours=True),
+            advance(
+                progress,
+                stage,
+                vmid=vmid,
+                node=node,
+                ours=True,
+                # A VM of an earlier version boots from a seed named for the VM alone: it is
+                # this VM's to remove only because this VM, ours, has it attached.
+                legacy_seed=legacy if _attached(config, legacy) else None,
+            ),
             "inspect",
             message=f"VM {vmid} on {node} is ours",
         )
@@ -124,8 +141,17 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             mark = parse_mark(config.get("description"))
             if not mark.managed:
                 why = f"VM {vmid} ({req.vm_name}) carries no proxyhub mark; left alone"
-            elif req.uid and mark.uid and mark.uid != req.uid:
+            elif not mark.uid or not req.uid:
+                # Issue 11: a mark without a uid could be anyone's (create adopts one only by
+                # writing the whole mark first); a request without one can prove nothing.
+                why = f"VM {vmid} ({req.vm_name}) has no uid to match in its mark; left alone"
+            elif mark.uid != req.uid:
                 why = f"VM {vmid} ({req.vm_name}) belongs to proxy uid {mark.uid}; left alone"
+            elif mark.installation != self.config.installation_id:
+                why = (
+                    f"VM {vmid} ({req.vm_name}) belongs to proxyhub installation "
+                    f"{mark.installation or '(none)'}; left alone"
+                )
             else:
                 return None
         log.info(
@@ -148,7 +174,10 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         verdict = self._ours(req, vmid, node, config)
         if verdict is not None:
             return self._seeds_everywhere(
-                advance(progress, progress["stage"], ours=False), progress["stage"], verdict
+                req,
+                advance(progress, progress["stage"], ours=False, legacy_seed=None),
+                progress["stage"],
+                verdict,
             )
         return config
 
@@ -251,7 +280,9 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         result = self.poll(progress, "destroy_wait", self.budgets.destroy, "seed", deadline, failed)
         if result.status == "continue" and result.progress["stage"] == "seed":
             result.progress.update(
-                destroyed=True, seed_nodes=_seed_nodes(req, node), seed_everywhere=False
+                destroyed=True,
+                seed_targets=self._targets_on(req, progress, node),
+                seed_everywhere=False,
             )
         return result
 
@@ -260,33 +291,36 @@ class DeleteMachine(StepMachine[DeleteRequest]):
     def _seed(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        nodes = list(progress.get("seed_nodes") or [])
-        if not nodes:
+        targets = self._targets(req, progress)
+        if not targets:
             return StepResult(
                 "done",
                 advance(progress, "done"),
                 "seed",
                 message="deleted" if progress.get("destroyed") else "nothing to destroy",
             )
-        node = nodes[0]
-        volid = seed_volid(self.config.iso_storage, req.vm_name)
+        node, volid = targets[0]
         try:
             upid = self.api.delete_volume(node, self.config.iso_storage, volid, deadline=deadline)
         except (Cancelled, DeadlineExceeded):
             raise
         except ProxmoxError as err:
-            return self._seed_failed(progress, "seed", node, err)
+            return self._seed_failed(req, progress, "seed", node, err)
         if upid is None:
-            return StepResult("continue", dict(progress, seed_nodes=nodes[1:]), "seed")
+            return StepResult("continue", self._skip_target(req, progress), "seed")
         return self._submitted(
-            progress, "seed", "seed_wait", upid, f"deleting {seed_iso_name(req.vm_name)} on {node}"
+            progress,
+            "seed",
+            "seed_wait",
+            upid,
+            f"deleting {volid.split('/', 1)[-1]} on {node}",
         )
 
     def _seed_wait(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
-        nodes = list(progress.get("seed_nodes") or [])
-        node = nodes[0] if nodes else ""
+        targets = self._targets(req, progress)
+        node = targets[0][0] if targets else ""
         try:
             result = self.poll(
                 progress,
@@ -294,50 +328,88 @@ class DeleteMachine(StepMachine[DeleteRequest]):
                 self.budgets.seed_delete,
                 "seed",
                 deadline,
-                lambda err: self._seed_failed(progress, "seed_wait", node, err),
+                lambda err: self._seed_failed(req, progress, "seed_wait", node, err),
             )
         except (Cancelled, DeadlineExceeded):
             raise
         except ProxmoxError as err:
-            return self._seed_failed(progress, "seed_wait", node, err)
+            return self._seed_failed(req, progress, "seed_wait", node, err)
         if result.status == "continue" and result.progress["stage"] == "seed":
-            result.progress["seed_nodes"] = nodes[1:]
+            result.progress["seed_targets"] = [list(t) for t in targets[1:]]
+            result.progress.pop("seed_nodes", None)
         return result
 
-    def _seed_failed(self, progress: Progress, step: str, node: str, err: Exception) -> StepResult:
+    def _targets(self, req: DeleteRequest, progress: Progress) -> list[tuple[str, str]]:
+        """The seeds still to delete, as (node, volid). A record written by an earlier version
+        lists nodes only (``seed_nodes``): on each, this proxy's seed of this installation."""
+        if "seed_targets" in progress:
+            return [(str(n), str(v)) for n, v in progress.get("seed_targets") or []]
+        own = self._own_seed(req)
+        return [(str(n), own) for n in progress.get("seed_nodes") or []] if own else []
+
+    def _skip_target(self, req: DeleteRequest, progress: Progress) -> Progress:
+        rest = self._targets(req, progress)[1:]
+        out = advance(progress, "seed", seed_targets=[list(t) for t in rest])
+        out.pop("seed_nodes", None)
+        return out
+
+    def _own_seed(self, req: DeleteRequest) -> str | None:
+        """This proxy's seed in this installation; None without a uid to name it by."""
+        if not req.uid:
+            return None
+        name = seed_iso_name(req.vm_name, installation_id=self.config.installation_id, uid=req.uid)
+        return seed_volid(self.config.iso_storage, name)
+
+    def _targets_on(self, req: DeleteRequest, progress: Progress, node: str) -> list[list[str]]:
+        """Once a VM of ours on ``node`` is gone: our seed there and wherever an earlier VM of
+        the proxy was created (``_seed_nodes``), then the legacy seed it had attached."""
+        own = self._own_seed(req)
+        targets = [[n, own] for n in _seed_nodes(req, node)] if own else []
+        legacy = progress.get("legacy_seed")
+        if legacy and progress.get("ours"):
+            targets.append([node, str(legacy)])
+        return targets
+
+    def _seed_failed(
+        self, req: DeleteRequest, progress: Progress, step: str, node: str, err: Exception
+    ) -> StepResult:
         """A missing volume is a successful task, so a failure here is real. On the every-node
         path it is logged and the node skipped; on the VM's own node it fails the delete."""
         if not progress.get("seed_everywhere"):
             return fail(advance(progress, "seed"), step, err, op=OP)
         log.info("proxmox seed delete skipped", extra={"node": node, "reason": str(err)})
-        nodes = list(progress.get("seed_nodes") or [])
         return StepResult(
             "continue",
-            advance(progress, "seed", seed_nodes=nodes[1:]),
+            self._skip_target(req, progress),
             step,
             message=f"seed delete on {node} skipped: {err}",
         )
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _seeds_everywhere(self, progress: Progress, step: str, message: str) -> StepResult:
-        return StepResult(
-            "continue",
-            advance(progress, "seed", seed_nodes=list(self.config.nodes), seed_everywhere=True),
-            step,
-            message=message,
-        )
+    def _seeds_everywhere(
+        self, req: DeleteRequest, progress: Progress, step: str, message: str
+    ) -> StepResult:
+        """No VM of ours to destroy: our own seed on every node, and nothing else (issue 11:
+        never a seed whose name does not say it is this installation's, this proxy's)."""
+        own = self._own_seed(req)
+        targets = [[n, own] for n in self.config.nodes] if own else []
+        out = advance(progress, "seed", seed_targets=targets, seed_everywhere=True)
+        out.pop("seed_nodes", None)
+        return StepResult("continue", out, step, message=message)
 
     def _seeds_on(
         self, req: DeleteRequest, progress: Progress, step: str, node: str, message: str
     ) -> StepResult:
-        """On to step 7 once a VM of ours on ``node`` is gone (``_seed_nodes`` says where)."""
-        return StepResult(
-            "continue",
-            advance(progress, "seed", seed_nodes=_seed_nodes(req, node), seed_everywhere=False),
-            step,
-            message=message,
+        """On to step 7 once a VM of ours on ``node`` is gone (``_targets_on`` says which)."""
+        out = advance(
+            progress,
+            "seed",
+            seed_targets=self._targets_on(req, progress, node),
+            seed_everywhere=False,
         )
+        out.pop("seed_nodes", None)
+        return StepResult("continue", out, step, message=message)
 
     def _wait(self, progress: Progress, step: str, message: str, **changes: Any) -> StepResult:
         since = progress.get("since") or self.clock()
@@ -373,6 +445,11 @@ def _seed_nodes(req: DeleteRequest, node: str) -> list[str]:
     """Where step 7 deletes the seed once a VM of ours is gone: the VM's node (the seed's
     rule), then any node an earlier VM of the proxy was created on."""
     return [node] + [n for n in dict.fromkeys(req.earlier_nodes) if n and n != node]
+
+
+def _attached(config: Mapping[str, str], volid: str) -> bool:
+    """Whether a drive of ``config`` holds ``volid`` (``<volid>,media=cdrom`` and the like)."""
+    return any(str(value).split(",", 1)[0] == volid for value in config.values())
 
 
 def _find(listing: list[dict[str, Any]], req: DeleteRequest) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from .errors import ApiError, NotFoundError, ProxmoxError, TransientError, class
 from .ids import format_provider_id, parse_provider_id
 from .marks import TAG, has_tag, parse_mark
 from .ownership import is_missing
+from .seed import installation_tag, parse_seed_name
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -31,7 +32,6 @@ State = Literal["Running", "Provisioning", "Stopped"]
 _AGENT_NOT_RUNNING = "QEMU guest agent is not running"
 _NO_AGENT = "No QEMU guest agent configured"
 _VM_NOT_RUNNING = re.compile(r"^VM [0-9]+ is not running$")
-_SEED_NAME = re.compile(r"^(proxy-[a-z0-9]([a-z0-9-]*[a-z0-9])?)-seed\.iso$")
 
 
 @dataclass(frozen=True)
@@ -269,19 +269,24 @@ def list_managed(
 
 @dataclass(frozen=True)
 class SeedVolume:
-    """A ``proxy-*-seed.iso`` on the ISO storage of one node."""
+    """A ``proxy-*-seed.iso`` on the ISO storage of one node. ``installation_tag`` and
+    ``uid_tag`` are what its name says (``seed.seed_iso_name``); both are empty for a seed of
+    the legacy form, which names no installation."""
 
     node: str
     volid: str
     vm_name: str
     ctime: int | None
     size: int | None
+    installation_tag: str = ""
+    uid_tag: str = ""
 
 
 def list_seeds(
     api: Api, config: ProxmoxConfig, *, deadline: Deadline | None = None
 ) -> list[SeedVolume]:
-    """Every seed ISO on ``isoStorage`` of every configured node (nodes that fail are skipped)."""
+    """Every seed ISO on ``isoStorage`` of every configured node, of any installation and of
+    either name form (nodes that fail are skipped)."""
     seeds: list[SeedVolume] = []
     for node in config.nodes:
         try:
@@ -293,27 +298,35 @@ def list_seeds(
             continue
         for item in items:
             filename = str(item.get("volid", "")).split("/", 1)[-1]
-            match = _SEED_NAME.match(filename)
-            if match:
+            parsed = parse_seed_name(filename)
+            if parsed is not None:
                 seeds.append(
                     SeedVolume(
                         node,
                         str(item["volid"]),
-                        match.group(1),
+                        parsed.vm_name,
                         _int_or_none(item.get("ctime")),
                         _int_or_none(item.get("size")),
+                        parsed.installation_tag,
+                        parsed.uid_tag,
                     )
                 )
     return seeds
 
 
 def orphan_seeds(
-    seeds: Iterable[SeedVolume], listing: Sequence[Mapping[str, Any]]
+    seeds: Iterable[SeedVolume], listing: Sequence[Mapping[str, Any]], *, installation_id: str
 ) -> list[SeedVolume]:
-    """Seeds no VM in the cluster is named for. Any VM counts, of any installation: a seed a
-    VM still boots from must never go, and names are in the listing, so this costs nothing."""
+    """This installation's seeds that no VM in the cluster is named for.
+
+    Only seeds whose name carries this installation's tag are candidates (issue 11): another
+    installation's are never touched, and a legacy ``<vm name>-seed.iso`` cannot be attributed
+    to anyone, so GC leaves it for an operator. Any VM of the name keeps a seed, of any
+    installation: names are in the listing, so this costs nothing, and a seed a VM may still
+    boot from must never go."""
+    ours = installation_tag(installation_id)
     names = {str(e.get("name")) for e in listing if e.get("name")}
-    return [s for s in seeds if s.vm_name not in names]
+    return [s for s in seeds if s.installation_tag == ours and s.vm_name not in names]
 
 
 def _int_or_none(value: object) -> int | None:

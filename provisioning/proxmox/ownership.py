@@ -7,10 +7,18 @@ found). The verdicts:
 * ``free``: nothing there; clone onto it;
 * ``foreign``: another VM, a container or a template; try the next attempt;
 * ``busy``: locked by a task or still nameless (a clone in progress); wait, then judge again;
-* ``ours``: the name matches and the mark's UID is ours or empty; adopt it.
+* ``ours``: the name matches, the mark's UID is ours or empty and its installation is ours or
+  empty; adopt it.
 
-The same name without our mark, or with another UID, is a ``PermanentError``: an operator must
-look. So is our VM hibernated to disk (``lock: suspended``), which never clears by itself.
+The same name without our mark, with another UID or with another installation's id, is a
+``PermanentError``: an operator must look. So is our VM hibernated to disk (``lock:
+suspended``), which never clears by itself.
+
+Adoption and destroy judge a mark without a UID differently, on purpose (issue 11). A create
+adopts one (seed 000 entry 2: the VM sits at the name only this proxy uses in this installation)
+and writes the whole mark, uid and installation, before it does anything else to the VM, so
+from then on the VM is ours by its mark. A destroy (``delete.py``) has no such claim to make and
+cannot undo its mistake: a mark without a UID is not ours there, and the VM is left alone.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ def judge(
     *,
     vm_name: str,
     uid: str,
+    installation: str,
     deadline: Deadline | None = None,
 ) -> Ownership:
     """Judge the VM at ``vmid`` from its ``/cluster/resources`` entry (None: absent)."""
@@ -68,11 +77,17 @@ def judge(
         if is_missing(err):
             return Ownership("free", vmid)
         raise
-    return judge_config(vmid, node, config, vm_name=vm_name, uid=uid)
+    return judge_config(vmid, node, config, vm_name=vm_name, uid=uid, installation=installation)
 
 
 def judge_config(
-    vmid: int, node: str, config: Mapping[str, str], *, vm_name: str, uid: str
+    vmid: int,
+    node: str,
+    config: Mapping[str, str],
+    *,
+    vm_name: str,
+    uid: str,
+    installation: str,
 ) -> Ownership:
     """The verdict once the config has been read."""
     lock = config.get("lock")
@@ -88,6 +103,14 @@ def judge_config(
             f"(expected uid {uid}, found {found})",
             remediation="proxyhub never takes over a VM it did not create: rename or remove "
             "that VM in Proxmox, then retry",
+        )
+    if mark.installation and mark.installation != installation:
+        # Two installations sharing a cluster, each with a proxy of this name (issue 11).
+        raise PermanentError(
+            f"VM {vmid} on {node} is named {vm_name} but belongs to proxyhub installation "
+            f"{mark.installation}, not this one ({installation})",
+            remediation="two installations sharing a cluster need distinct proxy names: rename "
+            "this proxy, or remove that VM from the other installation",
         )
     if lock == "suspended":
         raise PermanentError(

@@ -38,7 +38,7 @@ from .config import ProxmoxConfig
 from .ids import canonical_uid, vmid_for
 from .marks import CREATED_AT_KEY, INSTALLATION_KEY, MANAGED_KEY, MANAGED_YES, UID_KEY
 from .placement import resolve_machine_type, resolve_template, resolve_zone
-from .seed import seed_iso_name, seed_volid
+from .seed import SEED_SUFFIX, installation_tag, seed_iso_name, seed_volid
 from .template import desired_config
 
 # Changes whenever the meaning of a hash input changes, so an old hash never matches a new plan.
@@ -78,6 +78,7 @@ HASH_FIELDS: tuple[tuple[str, str], ...] = (
     ("vendorDataSha256", "vendor_data_sha256"),
     ("cloudInitSha256", "cloud_init_sha256"),
     ("cloudInitBytes", "cloud_init_bytes"),
+    ("keepSeedIso", "keep_seed_iso"),
 )
 
 CREATED_AT_LATER = "<written at clone time>"
@@ -131,6 +132,8 @@ class Plan:
     steps: tuple[PlanStep, ...]
     plan_hash: str = field(default="")
     format: str = PLAN_FORMAT
+    # PROXYHUB_KEEP_SEED_ISO: the seed stays after boot instead of being released (issue 11).
+    keep_seed_iso: bool = False
 
     @property
     def extra_vendor_data(self) -> bool:
@@ -221,6 +224,7 @@ class Plan:
                 "volid": self.seed_volid,
                 "cloudInitSha256": self.cloud_init_sha256,
                 "cloudInitBytes": self.cloud_init_bytes,
+                "keptAfterBoot": self.keep_seed_iso,
             },
             "vendorData": {
                 "installGuestAgent": self.install_guest_agent,
@@ -256,6 +260,7 @@ def build_plan(
     cloud_init_bytes: int,
     placement_node: str | None = None,
     vendor_data_digest: str | None = None,
+    keep_seed_iso: bool = False,
 ) -> Plan:
     """The plan of a create of ``vm_name``, without any Proxmox call.
 
@@ -275,6 +280,12 @@ def build_plan(
     uid_text = canonical_uid(uid) if uid is not None else None
     candidate = (
         vmid_for(uid_text, 0, config.vmid_min, config.vmid_max) if uid_text is not None else None
+    )
+    # Without a uid yet, the seed's name shows where the uid's tag will go.
+    seed_name = (
+        seed_iso_name(vm_name, installation_id=config.installation_id, uid=uid_text)
+        if uid_text is not None
+        else f"{vm_name}_{installation_tag(config.installation_id)}_<uid>{SEED_SUFFIX}"
     )
     vendor_sha = (
         (vendor_data_digest or hashlib.sha256(config.vendor_data.encode("utf-8")).hexdigest())
@@ -303,17 +314,20 @@ def build_plan(
         bridge=config.bridge,
         vlan_tag=config.vlan_tag,
         iso_storage=config.iso_storage,
-        seed_iso_name=seed_iso_name(vm_name),
-        seed_volid=seed_volid(config.iso_storage, vm_name),
+        seed_iso_name=seed_name,
+        seed_volid=seed_volid(config.iso_storage, seed_name),
         install_guest_agent=config.install_guest_agent,
         vendor_data_sha256=vendor_sha,
         cloud_init_sha256=digest,
         cloud_init_bytes=cloud_init_bytes,
         # The configure step's writes with the template's config unknown: ``desired_config``
         # adds net0 only once it has read the clone's net0, which ``network_change`` describes.
-        configure=desired_config({}, config, vm_name, machine.cores, machine.memory_mib),
+        configure=desired_config(
+            {}, config, vm_name, machine.cores, machine.memory_mib, seed_name=seed_name
+        ),
         mark_lines=_mark_lines(uid_text, config.installation_id),
         steps=(),
+        keep_seed_iso=keep_seed_iso,
     )
     plan = replace(plan, steps=_steps(plan))
     return replace(plan, plan_hash=compute_plan_hash(plan))
@@ -358,8 +372,8 @@ def _mark_lines(uid: str | None, installation_id: str) -> tuple[str, ...]:
 
 def _steps(plan: Plan) -> tuple[PlanStep, ...]:
     """The create's stages in the order the machine runs them (create.py, seed 000 entry 10),
-    then the service's boot-to-address stage. ``lock_wait`` is left out: it appears only when
-    a VMID is found mid-clone, which no preview can foresee."""
+    then the service's boot-to-address stage and the seed's release. ``lock_wait`` is left
+    out: it appears only when a VMID is found mid-clone, which no preview can foresee."""
     vmid = f"VMID {plan.vmid_candidate}" if plan.vmid_candidate is not None else "the UID's VMID"
     where = plan.storage or "the template disks' storage"
     steps = [
@@ -407,4 +421,12 @@ def _steps(plan: Plan) -> tuple[PlanStep, ...]:
             ),
         ),
     ]
+    if not plan.keep_seed_iso:
+        steps.append(
+            PlanStep(
+                "seed_release",
+                f"eject {plan.seed_iso_name} from the VM and delete it from {plan.iso_storage} "
+                "(it holds the user-data; the boot that read it is over)",
+            )
+        )
     return tuple(steps)

@@ -359,7 +359,13 @@ class PreflightChecks(PreflightReads):
         try:
             judged = try_read(
                 lambda: judge(
-                    self.api, vmid, entry, vm_name=vm_name, uid=uid, deadline=self.deadline
+                    self.api,
+                    vmid,
+                    entry,
+                    vm_name=vm_name,
+                    uid=uid,
+                    installation=plan.installation_id,
+                    deadline=self.deadline,
                 )
             )
         except ClassifiedError:

@@ -43,6 +43,8 @@ from .observe import (
 from .power import PowerMachine
 from .power import new_progress as new_power_progress
 from .power_checks import PowerPreview, PowerRequest, inspect_power
+from .release import ReleaseMachine, ReleaseRequest
+from .release import new_progress as new_release_progress
 from .steps import Progress, StepResult
 
 
@@ -63,6 +65,7 @@ class Provider:
         self._create = CreateMachine(api, config, self.budgets, clock=clock)
         self._delete = DeleteMachine(api, config, self.budgets, clock=clock)
         self._power = PowerMachine(api, config, self.budgets, clock=clock)
+        self._release = ReleaseMachine(api, config, self.budgets, clock=clock)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------
@@ -109,6 +112,18 @@ class Provider:
                 deadline,
                 "delete",
             )
+
+    # --- the seed after boot (issue 11) -------------------------------------------------
+
+    @staticmethod
+    def new_release_progress() -> Progress:
+        return new_release_progress()
+
+    def release_seed_step(
+        self, req: ReleaseRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        """Eject the seed from a booted VM of ours and remove it from storage (``release``)."""
+        return self._release.step(req, progress, deadline=deadline)
 
     # --- power (seed 001) --------------------------------------------------------------
 
@@ -169,13 +184,18 @@ class Provider:
         listing: Sequence[Mapping[str, Any]] | None = None,
         deadline: Deadline | None = None,
     ) -> list[SeedVolume]:
-        """Seed ISOs on ``isoStorage`` whose VM no longer exists (DESIGN.md §2)."""
+        """This installation's seed ISOs on ``isoStorage`` whose VM no longer exists (DESIGN.md
+        §2; ``observe.orphan_seeds``)."""
         try:
             if listing is None:
                 listing = self.api.cluster_resources(deadline=deadline)
         except Exception as err:
             raise classify("list", err) from err
-        return orphan_seeds(list_seeds(self.api, self.config, deadline=deadline), listing)
+        return orphan_seeds(
+            list_seeds(self.api, self.config, deadline=deadline),
+            listing,
+            installation_id=self.config.installation_id,
+        )
 
     def check(self, *, deadline: Deadline | None = None) -> list[NodeCheck]:
         return check_nodes(self.api, self.config, deadline=deadline)

@@ -22,8 +22,10 @@ import hashlib
 import io
 import re
 import struct
+from dataclasses import dataclass
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
+from uuid import UUID
 
 import pycdlib
 
@@ -75,14 +77,77 @@ _VD_ROOT_RECORD = 156
 _VD_DATE_OFFSETS = (813, 830, 864)  # creation, modification, effective (expiration stays unset)
 
 
-def seed_iso_name(vm_name: str) -> str:
-    """The seed's file name on ``isoStorage``: ``<vm name>-seed.iso`` (GC finds it by name)."""
-    return f"{vm_name}-seed.iso"
+# A seed's name says whose it is: ``<vm name>_<installation tag>_<uid tag>-seed.iso``. The VM
+# name is a DNS label (``[a-z0-9-]``), so the ``_`` separators and the two fixed-width hex tags
+# parse back without ambiguity even when the proxy name holds dashes, and no name of the old form
+# (``<vm name>-seed.iso``, no ``_``) is ever read as one of the new. ``_`` and ``.`` survive
+# Proxmox's upload file-name rule (pve-storage ``normalize_content_filename`` keeps
+# ``[-a-zA-Z0-9_.]``). The longest name is 6 + 57 + 1 + 8 + 1 + 12 + 9 = 94 characters.
+INSTALLATION_TAG_LEN = 8
+UID_TAG_LEN = 12
+SEED_SUFFIX = "-seed.iso"
+_SEED_NAME = re.compile(
+    rf"^(?P<vm>proxy-[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)"
+    rf"_(?P<inst>[0-9a-f]{{{INSTALLATION_TAG_LEN}}})_(?P<uid>[0-9a-f]{{{UID_TAG_LEN}}})-seed\.iso$"
+)
+_LEGACY_SEED_NAME = re.compile(r"^(?P<vm>proxy-[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)-seed\.iso$")
 
 
-def seed_volid(iso_storage: str, vm_name: str) -> str:
-    """The seed's volume id, as attached to ``ide2``: ``<isoStorage>:iso/<vm name>-seed.iso``."""
-    return f"{iso_storage}:iso/{seed_iso_name(vm_name)}"
+def installation_tag(installation_id: str) -> str:
+    """The installation's mark in seed names: 8 hex digits of the SHA-256 of its id (the id
+    itself may hold ``_`` and ``.``, which would make names ambiguous)."""
+    return hashlib.sha256(installation_id.encode("utf-8")).hexdigest()[:INSTALLATION_TAG_LEN]
+
+
+def uid_tag(uid: str) -> str:
+    """The proxy's mark in seed names: the first 12 hex digits of its UUID (the uid as
+    ``proxies list`` prints it, dashes left out); a uid that is not a UUID is hashed."""
+    try:
+        return UUID(uid).hex[:UID_TAG_LEN]
+    except ValueError:
+        return hashlib.sha256(uid.encode("utf-8")).hexdigest()[:UID_TAG_LEN]
+
+
+def seed_iso_name(vm_name: str, *, installation_id: str, uid: str) -> str:
+    """The seed's file name on ``isoStorage``, naming its installation and proxy (issue 11):
+    two installations sharing a cluster never write, use or remove each other's seeds."""
+    return f"{vm_name}_{installation_tag(installation_id)}_{uid_tag(uid)}{SEED_SUFFIX}"
+
+
+def legacy_seed_iso_name(vm_name: str) -> str:
+    """The name earlier versions gave a seed, ``<vm name>-seed.iso``: it says nothing of whose
+    it is, so only the delete of a VM of ours that has it attached removes it."""
+    return f"{vm_name}{SEED_SUFFIX}"
+
+
+def seed_volid(iso_storage: str, iso_name: str) -> str:
+    """A seed's volume id, as attached to ``ide2``: ``<isoStorage>:iso/<seed file name>``."""
+    return f"{iso_storage}:iso/{iso_name}"
+
+
+@dataclass(frozen=True)
+class SeedName:
+    """What a seed's file name says: its VM's name and, for the current form, the tags of the
+    installation and proxy it was made for (empty for the legacy form)."""
+
+    vm_name: str
+    installation_tag: str = ""
+    uid_tag: str = ""
+
+    @property
+    def legacy(self) -> bool:
+        return not self.installation_tag
+
+
+def parse_seed_name(filename: str) -> SeedName | None:
+    """The seed name in ``filename`` (either form), or None when it is not a seed's."""
+    match = _SEED_NAME.match(filename)
+    if match:
+        return SeedName(match["vm"], match["inst"], match["uid"])
+    match = _LEGACY_SEED_NAME.match(filename)
+    if match:
+        return SeedName(match["vm"])
+    return None
 
 
 def part_type(text: str) -> str:

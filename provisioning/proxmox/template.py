@@ -59,15 +59,18 @@ def desired_config(
     vm_name: str,
     cores: int,
     memory_mib: int,
+    *,
+    seed_name: str,
 ) -> dict[str, str]:
-    """The values the configure step writes (entry 10 step 6), as Proxmox stores them."""
+    """The values the configure step writes (entry 10 step 6), as Proxmox stores them.
+    ``seed_name`` is the seed ISO's file name (``seed.seed_iso_name``)."""
     wanted = {
         "cores": str(cores),
         "memory": str(memory_mib),
         "agent": "1",
         # The tag replaces the template's tags (entry 10): "template" on a proxy would mislead.
         "tags": TAG,
-        "ide2": f"{seed_volid(cluster.iso_storage, vm_name)},media=cdrom",
+        "ide2": f"{seed_volid(cluster.iso_storage, seed_name)},media=cdrom",
     }
     if (cluster.bridge or cluster.vlan_tag) and "net0" in config:
         wanted["net0"] = rewrite_net0(

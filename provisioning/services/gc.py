@@ -6,9 +6,13 @@ Two kinds of garbage, per cluster, from one listing:
   no proxy row and that are older than the minimum age. Each becomes a journalled delete
   operation, so GC's deletes show in the journal like any other. Another installation's VMs,
   unmarked VMs and foreign ``proxy-*`` VMs are never candidates.
-* **Seed ISOs** ``proxy-*-seed.iso`` on ``isoStorage`` that no VM in the cluster is named for
-  and no proxy row will use, older than the minimum age. A seed a VM of any installation still
-  boots from is kept: its name matches that VM.
+* **Seed ISOs** of *this* installation on ``isoStorage`` (their name carries its tag and the
+  proxy's, ``seed.seed_iso_name``) that no VM in the cluster is named for and whose proxy uid
+  belongs to no proxy row, older than the minimum age. Another installation's seeds are never
+  candidates, nor are seeds of the legacy form ``proxy-<name>-seed.iso``, which cannot be
+  attributed (the operator guide says how to clear those by hand).
+
+A VM whose mark carries no uid is not collected either: a destroy refuses it (issue 11).
 
 ``gc_plan`` only reads; ``gc_run(dry_run=True)`` returns exactly what ``gc_run()`` would remove.
 """
@@ -29,6 +33,7 @@ from django.db.models import Q
 from provisioning.models import Cluster, GcRound, Operation, Proxy
 from provisioning.models.choices import ACTIVE_STATES, OperationKind
 from provisioning.proxmox.errors import ClassifiedError, ProxmoxError, classify
+from provisioning.proxmox.seed import uid_tag
 
 from . import operations
 from .clock import db_now
@@ -85,11 +90,16 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
     except Exception as err:
         raise classify("list", err) from err
     live_uids = {str(u) for u in Proxy.objects.values_list("uid", flat=True)}
+    live_uid_tags = {uid_tag(u) for u in live_uids}
     proxy_vm_names = {f"proxy-{n}" for n in Proxy.objects.values_list("name", flat=True)}
     being_deleted = _gc_deletes_in_flight(cluster)
     items: list[GcItem] = []
     for vm in provider.list_managed(listing=listing):
-        if vm.uid and vm.uid in live_uids:
+        if not vm.uid:
+            # Not provably ours: the delete would refuse it, every round (issue 11).
+            log.info("gc left a vm without uid", extra={"vmid": vm.vmid, "vm_name": vm.name})
+            continue
+        if vm.uid in live_uids:
             continue
         if vm.name in proxy_vm_names:
             continue  # a live proxy's name: never garbage, whatever its mark says
@@ -98,7 +108,7 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
         age = _age(vm.created_at, now)
         if age is not None and age < min_age:
             continue
-        reason = "no proxy has its uid" if vm.uid else "its mark carries no uid"
+        reason = "no proxy has its uid"
         items.append(
             GcItem(
                 "vm",
@@ -113,8 +123,8 @@ def gc_plan(cluster: Cluster, *, min_age: float | None = None) -> list[GcItem]:
             )
         )
     for seed in provider.list_orphan_seeds(listing=listing):
-        if seed.vm_name in proxy_vm_names:
-            continue  # a proxy whose VM is on its way will boot from it
+        if seed.uid_tag in live_uid_tags:
+            continue  # its proxy lives: a VM on its way may boot from it
         age = None if seed.ctime is None else now.timestamp() - seed.ctime
         if age is not None and age < min_age:
             continue

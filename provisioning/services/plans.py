@@ -33,6 +33,7 @@ from .installation import installation_id
 from .operations import ProxySpec
 from .placement import choose_node
 from .providers import provider_for
+from .seeds import keep_seed_iso
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ def plan_for_spec(spec: ProxySpec) -> Plan:
         cloud_init_bytes=len(spec.cloud_init),
         placement_node=_placement(spec.cluster, config, zone=spec.zone, observed=""),
         vendor_data_digest=_vendor_digest(config),
+        keep_seed_iso=keep_seed_iso(),
     )
 
 
@@ -122,6 +124,7 @@ def _plan_for_proxy(proxy: Proxy, config: ProxmoxConfig) -> Plan:
         cloud_init_bytes=proxy.cloud_init_bytes,
         placement_node=_placement(proxy.cluster, config, zone=proxy.zone, observed=proxy.node),
         vendor_data_digest=_vendor_digest(config),
+        keep_seed_iso=keep_seed_iso(),
     )
 
 

@@ -12,6 +12,7 @@ be unsealed with the current key.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,12 +26,14 @@ from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.errors import NotFoundError, PermanentError
 from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.release import ReleaseRequest
 from provisioning.proxmox.steps import StepResult
 from provisioning.sealing import SealError
 
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
+from .seeds import keep_seed_iso
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
 # how often (settings PROXYHUB_ADDRESS_BUDGET_SECONDS / PROXYHUB_ADDRESS_POLL_SECONDS).
 ADDRESS_BUDGET = 900.0
 ADDRESS_POLL = 3.0
+
+log = logging.getLogger("proxyhub.operations")
 
 POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
 
@@ -77,6 +82,8 @@ def _run_create(
     proxy = _proxy(op)
     if progress.get("stage") == "address":
         return _address(op, provider, progress, now)
+    if progress.get("stage") == "seed_release":
+        return _release_seed(op, provider, progress)
     record = progress.get("create") or provider.new_create_progress()
     if "create" not in progress:
         conflict = identity_conflict()
@@ -148,6 +155,11 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
         )
     observed = observed_fields(instance, now)
     if instance.state == "Running":
+        if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
+            # The boot that needed the seed is over: release it (issue 11).
+            progress.update(stage="seed_release", release=provider.new_release_progress())
+            result = StepResult("continue", progress, "address", message=f"address {instance.ip}")
+            return Outcome(result, progress, observed, phase_name="address")
         result = StepResult("done", progress, "address", message=f"address {instance.ip}")
         return Outcome(result, progress, observed, finished=True, phase_name="address")
     # The wait is measured on the database's clock, like every other age in the loop.
@@ -169,6 +181,42 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
         message=f"waiting for the guest agent ({instance.state})",
     )
     return Outcome(result, progress, observed, phase_name="address")
+
+
+def _release_seed(op: Operation, provider: Provider, progress: dict[str, Any]) -> Outcome:
+    """Eject the seed from the booted VM and remove it from storage (``proxmox.release``).
+
+    The proxy runs and has its address: this step never changes its phase. A refusal that no
+    retry heals (a permission the token lacks, say) ends the operation as succeeded with the
+    reason in the journal, so a running proxy is never latched Failed over its seed; the seed
+    then stays until the proxy is deleted, which removes it."""
+    proxy = _proxy(op)
+    seed_node = str((progress.get("create") or {}).get("node") or proxy.node)
+    req = ReleaseRequest(
+        vm_name=proxy.vm_name,
+        uid=str(proxy.uid),
+        vmid=int(proxy.vmid or 0),
+        node=proxy.node,
+        seed_node=seed_node,
+    )
+    result = provider.release_seed_step(
+        req, progress.get("release") or provider.new_release_progress()
+    )
+    progress["release"] = result.progress
+    if result.status == "error" and result.error is not None and result.error.kind != "transient":
+        log.warning(
+            "seed release refused",
+            extra={"operation": str(op.pk), "proxy": proxy.name, "error": str(result.error)},
+        )
+        result = StepResult(
+            "done",
+            result.progress,
+            result.step,
+            message=f"seed ISO kept: {result.error}",
+        )
+    return Outcome(
+        result, progress, {}, finished=result.status == "done", phase_name="seed_release"
+    )
 
 
 def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:

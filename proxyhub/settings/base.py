@@ -305,6 +305,10 @@ PROXYHUB_GC_MIN_AGE_SECONDS = env.int("PROXYHUB_GC_MIN_AGE_SECONDS", default=900
 PROXYHUB_CREDENTIALS_DIR = str(
     (BASE_DIR / env.str("PROXYHUB_CREDENTIALS_DIR", default="/etc/proxyhub")).resolve()
 )
+
+# A create ejects the seed ISO (it holds the user-data) and removes it from isoStorage once the
+# guest has reported its address; true keeps it, for images that read cloud-init on every boot.
+PROXYHUB_KEEP_SEED_ISO = env.bool("PROXYHUB_KEEP_SEED_ISO", default=False)
 # Beat intervals, used by the data migration that creates the periodic tasks.
 PROXYHUB_RECONCILE_INTERVAL_SECONDS = env.int("PROXYHUB_RECONCILE_INTERVAL_SECONDS", default=60)
 PROXYHUB_GC_INTERVAL_SECONDS = env.int("PROXYHUB_GC_INTERVAL_SECONDS", default=300)

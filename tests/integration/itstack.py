@@ -36,6 +36,8 @@ from urllib.parse import quote
 
 import requests
 
+from provisioning.proxmox.seed import parse_seed_name
+
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().with_name("probe.py")
 # A key that passes `check --deploy` (50+ characters, no "django-insecure-"); test-only.
@@ -52,6 +54,9 @@ STOP = "POST /nodes/{node}/qemu/{vmid}/status/stop"
 SHUTDOWN = "POST /nodes/{node}/qemu/{vmid}/status/shutdown"
 DESTROY = "DELETE /nodes/{node}/qemu/{vmid}"
 VOLUME_DELETE = "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
+# Not a Proxmox key: the config write that ejects the seed after boot (issue 11), told apart
+# from the configure step's by ``mutations_by_vm`` so each can be counted on its own.
+SEED_EJECT = "PUT /nodes/{node}/qemu/{vmid}/config (seed eject)"
 
 CREATE_MUTATIONS = frozenset({CLONE, UPLOAD, CONFIG_PUT, RESIZE, START})
 DELETE_MUTATIONS = frozenset({STOP, SHUTDOWN, DESTROY, VOLUME_DELETE})
@@ -728,13 +733,18 @@ def vm_names_by_vmid(entries: Iterable[Mapping[str, Any]]) -> dict[int, str]:
     }
 
 
+def _seed_vm(filename: str) -> str:
+    parsed = parse_seed_name(filename)
+    return parsed.vm_name if parsed else filename.removesuffix("-seed.iso")
+
+
 def mutations_by_vm(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[tuple[int, str]]]:
     """VM name → [(seq, schema key)] of every state-changing call aimed at it, in order.
 
-    A clone is the VM's by its ``name``, an upload or a volume delete by the seed's file name
-    (``<vm name>-seed.iso``), everything else by the VMID in the path. Calls that changed
-    nothing (refused, 4xx/5xx) are left out; clones are kept whatever their answer, since a
-    clone submitted twice is what these tests look for.
+    A clone is the VM's by its ``name``, an upload or a volume delete by the VM name in the
+    seed's file name (``seed.parse_seed_name``), everything else by the VMID in the path.
+    Calls that changed nothing (refused, 4xx/5xx) are left out; clones are kept whatever their
+    answer, since a clone submitted twice is what these tests look for.
     """
     names = vm_names_by_vmid(entries)
     out: dict[str, list[tuple[int, str]]] = {}
@@ -745,13 +755,16 @@ def mutations_by_vm(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[tupl
         elif not e["mutation"]:
             continue
         elif key == UPLOAD:
-            name = str((e.get("upload") or {}).get("filename") or e["params"].get("filename"))
-            name = name.removesuffix("-seed.iso")
+            name = _seed_vm(
+                str((e.get("upload") or {}).get("filename") or e["params"].get("filename"))
+            )
         elif key == VOLUME_DELETE:
             volume = str(e["path_params"].get("volume", ""))
-            name = volume.rsplit("/", 1)[-1].removesuffix("-seed.iso")
+            name = _seed_vm(volume.rsplit("/", 1)[-1])
         elif "vmid" in e["path_params"]:
             name = names.get(int(e["path_params"]["vmid"]))
+            if key == CONFIG_PUT and set(e["params"]) == {"ide2"}:
+                key = SEED_EJECT
         else:
             continue
         if name:

@@ -25,8 +25,10 @@ from itstack import (
     DELETE_MUTATIONS,
     DESTROY,
     RESIZE,
+    SEED_EJECT,
     START,
     UPLOAD,
+    VOLUME_DELETE,
     Beat,
     Stack,
     Worker,
@@ -106,12 +108,14 @@ def test_duplicated_steps_on_two_workers_never_repeat_or_interleave_mutations(
             assert late == [], f"{name}: create steps ran after its delete began: {late}"
     for name in keep:
         kinds = Counter(key for _, key in by_vm[f"proxy-{name}"])
+        # The seed's release after boot (issue 11) may or may not have run yet: at most once.
+        assert kinds.pop(SEED_EJECT, 0) <= 1 and kinds.pop(VOLUME_DELETE, 0) <= 1, name
         assert kinds == {CLONE: 1, UPLOAD: 1, CONFIG_PUT: 1, RESIZE: 1, START: 1}, name
 
     vms = {str(v.get("name")) for v in stack.sim.vms()}
     assert {f"proxy-{n}" for n in keep} <= vms
     assert {f"proxy-{n}" for n in drop} & vms == set()
-    assert [v for _, v in stack.sim.seeds() if any(f"proxy-{n}-" in v for n in drop)] == []
+    assert [v for _, v in stack.sim.seeds() if any(f"proxy-{n}_" in v for n in drop)] == []
 
     stack.manage("proxies", "delete", *keep)
     stack.wait_phase(keep, "Deleted", timeout=60)

@@ -29,7 +29,7 @@ import pytest
 from itstack import DESTROY, STOP, VOLUME_DELETE, Stack, Worker, wait_until
 
 from provisioning.proxmox.marks import render_mark
-from provisioning.proxmox.seed import build_seed_iso
+from provisioning.proxmox.seed import build_seed_iso, parse_seed_name, seed_iso_name
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,8 @@ def _mark(installation: str, age: timedelta) -> tuple[str, str]:
     return uid, render_mark(uid, datetime.now(UTC) - age, installation)
 
 
-def _upload_seed(stack: Stack, vm_name: str) -> str:
+def _upload_seed(stack: Stack, vm_name: str, installation: str, uid: str) -> str:
+    """A seed of this installation's form (issue 11), for ``uid``."""
     iso = build_seed_iso(
         user_data=b"#cloud-config\n",
         instance_id=str(uuid.uuid4()),
@@ -57,9 +58,10 @@ def _upload_seed(stack: Stack, vm_name: str) -> str:
         vendor_data=None,
         install_guest_agent=False,
     )
-    upid = stack.sim.upload_iso("pve1", "proxy-seeds", f"{vm_name}-seed.iso", iso)
+    name = seed_iso_name(vm_name, installation_id=installation, uid=uid)
+    upid = stack.sim.upload_iso("pve1", "proxy-seeds", name, iso)
     assert stack.sim.wait_task(upid) == "OK"
-    return f"proxy-seeds:iso/{vm_name}-seed.iso"
+    return f"proxy-seeds:iso/{name}"
 
 
 def test_gc_lists_and_removes_exactly_our_old_orphans(stack: Stack, worker: Worker) -> None:
@@ -85,8 +87,8 @@ def test_gc_lists_and_removes_exactly_our_old_orphans(stack: Stack, worker: Work
     _clone(stack, 199_003, "proxy-gc-young", young_mark)
     _clone(stack, 199_004, "proxy-gc-other", other_mark)
     _clone(stack, 199_005, "proxy-gc-byhand", None)
-    old_seed = _upload_seed(stack, "proxy-gc-old-1")
-    young_seed = _upload_seed(stack, "proxy-gc-ghost")
+    old_seed = _upload_seed(stack, "proxy-gc-old-1", ours, old_uid_1)
+    young_seed = _upload_seed(stack, "proxy-gc-ghost", ours, str(uuid.uuid4()))
     young_seed_at = time.time()
     everything_else = {int(v["vmid"]) for v in stack.sim.vms()} - set(garbage)
 
@@ -118,7 +120,8 @@ def test_gc_lists_and_removes_exactly_our_old_orphans(stack: Stack, worker: Work
         assert entry["key"] in {STOP, DESTROY, VOLUME_DELETE}, entry["key"]
         if entry["key"] == VOLUME_DELETE:
             volume = str(entry["path_params"]["volume"]).rsplit("/", 1)[-1]
-            assert volume.removesuffix("-seed.iso") in garbage_names, volume
+            parsed = parse_seed_name(volume)
+            assert parsed is not None and parsed.vm_name in garbage_names, volume
         else:
             assert int(entry["path_params"]["vmid"]) in garbage, entry["path"]
     journal = stack.probe("journal", "gc-old-")

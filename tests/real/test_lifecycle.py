@@ -103,7 +103,9 @@ def test_gc_finds_a_planted_orphan_vm_and_seed_and_removes_them(target: Target) 
     mark = render_mark(orphan_uid, datetime.now(UTC) - timedelta(days=2), config.installation_id)
     upid = api.clone(target.node, target.template_vmid, newid=vmid, name=name, description=mark)
     assert wait_task(api, upid, budget=600, poll_interval=0.2).state == "ok"
-    seed = seed_iso_name(target.request_name("gone"))
+    seed = seed_iso_name(
+        target.request_name("gone"), installation_id=config.installation_id, uid=str(uuid.uuid4())
+    )
     iso = build_seed_iso(
         user_data=CLOUD_INIT,
         instance_id="gone",

@@ -211,6 +211,19 @@ def pump(monkeypatch: pytest.MonkeyPatch) -> Pump:
     return the_pump
 
 
+def seed_volid_of(proxy: Proxy, installation_id: str | None = None) -> str:
+    """The volume id of ``proxy``'s seed ISO, named for this (or the given) installation."""
+    from provisioning.models import Installation
+    from provisioning.proxmox.seed import seed_iso_name, seed_volid
+
+    name = seed_iso_name(
+        proxy.vm_name,
+        installation_id=installation_id or Installation.current_id(),
+        uid=str(proxy.uid),
+    )
+    return seed_volid(proxy.cluster.iso_storage, name)
+
+
 def running_fleet(
     pump: Pump, sim: Sim, count: int, *, prefix: str = "p", zone: str = ""
 ) -> list[Proxy]:

@@ -9,7 +9,7 @@ ledger.
 from __future__ import annotations
 
 import pytest
-from pump import Pump, Sim
+from pump import Pump, Sim, seed_volid_of
 from test_admin_support import (
     PROXY_LIST,
     People,
@@ -57,7 +57,7 @@ def test_delete_confirms_the_exact_targets_then_deletes_vm_disks_and_seed(
     text = page.content.decode()
     for proxy in (alpha, beta):
         assert proxy.provider_id in text and f"<td>{proxy.vmid}</td>" in text
-        assert f"proxy-seeds:iso/proxy-{proxy.name}-seed.iso" in text
+        assert seed_volid_of(proxy) in text
     assert "gamma" not in text
     assert not Operation.objects.filter(kind=OperationKind.DELETE).exists(), "confirm first"
 
@@ -89,7 +89,7 @@ def test_the_change_page_delete_button_goes_through_the_vm_delete(
     page = client.get(url)
     assert page.status_code == 200
     assert alpha.provider_id in page.content.decode()
-    assert b"proxy-seeds:iso/proxy-alpha-seed.iso" in page.content
+    assert seed_volid_of(alpha).encode() in page.content
     with posting():
         done = client.post(url, {"post": "yes"})
     assert done.status_code == 302

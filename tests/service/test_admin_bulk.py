@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from pump import Pump, Sim
+from pump import Pump, Sim, seed_volid_of
 from test_admin_support import (
     CLOUD_INIT,
     CLOUD_INIT_CANARY,
@@ -79,7 +79,10 @@ def test_preview_lists_the_names_and_writes_nothing(sim: Sim, people: People) ->
     assert not Proxy.objects.exists() and not Operation.objects.exists()
 
 
-def test_confirm_creates_every_proxy_and_they_run(pump: Pump, sim: Sim, people: People) -> None:
+def test_confirm_creates_every_proxy_and_they_run(
+    pump: Pump, sim: Sim, people: People, settings: Any
+) -> None:
+    settings.PROXYHUB_KEEP_SEED_ISO = True  # each seed is read back below
     client = people.client("operator")
     preview = client.post(BULK, _form(sim))
     hidden = _hidden(preview.content.decode())
@@ -109,9 +112,7 @@ def test_confirm_creates_every_proxy_and_they_run(pump: Pump, sim: Sim, people: 
     # uploaded user-data.
     assert {p.node for p in Proxy.objects.all()} == {"pve1", "pve2", "pve3"}
     for proxy in Proxy.objects.all():
-        seed = sim.engine.control.volume_data(
-            proxy.node, f"proxy-seeds:iso/proxy-{proxy.name}-seed.iso"
-        )
+        seed = sim.engine.control.volume_data(proxy.node, seed_volid_of(proxy))
         assert seed is not None and CLOUD_INIT_CANARY.encode() in seed
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from pump import Pump, Sim
+from pump import Pump, Sim, seed_volid_of
 from test_admin_support import (
     CLOUD_INIT,
     CLOUD_INIT_CANARY,
@@ -112,8 +112,9 @@ def test_changing_the_placement_replaces_the_vm(pump: Pump, sim: Sim, people: Pe
 
 
 def test_uploading_new_cloud_init_replaces_the_vm_with_it(
-    pump: Pump, sim: Sim, people: People
+    pump: Pump, sim: Sim, people: People, settings: Any
 ) -> None:
+    settings.PROXYHUB_KEEP_SEED_ISO = True  # the new seed is read back below
     (alpha,) = running(pump, sim, "alpha")
     new = b"#cloud-config\nhostname: renewed\n"
     with posting():
@@ -124,7 +125,7 @@ def test_uploading_new_cloud_init_replaces_the_vm_with_it(
     pump.run()
     alpha.refresh_from_db()
     assert alpha.cloud_init == new and alpha.cloud_init_sha256 == sealing.digest(new)
-    seed = sim.engine.control.volume_data(alpha.node, "proxy-seeds:iso/proxy-alpha-seed.iso")
+    seed = sim.engine.control.volume_data(alpha.node, seed_volid_of(alpha))
     assert seed is not None and b"hostname: renewed" in seed
     assert len(sim.engine.ledger.mutations(key=CLONE)) == 2
 

@@ -1,7 +1,8 @@
 """The crash-point matrix: a worker killed at every step boundary of a create and of a delete
 (reliability.md §5, Reliability item 1; issue 10, "How it is proven").
 
-Create: F1 to F12, one per step boundary of seed 000 entry 10 and DESIGN §5. Delete: D1 to D6,
+Create: F1 to F12, one per step boundary of seed 000 entry 10 and DESIGN §5, and F13 to F15 for
+the seed's release after the address (issue 11). Delete: D1 to D6,
 entry 11. Each test kills the worker at its point, then recovers the way production does and no
 other way: the dead delivery's claim expires, ``operations_sweep`` sends the step again, and the
 deliveries that follow read back what Proxmox holds before they act. No operator acts.
@@ -23,7 +24,9 @@ Pass, from the simulator's VMs, marks and ledger: exactly one VM per live proxy 
 none for a deleted one; no foreign VM touched (one squats on the proxy's first VMID, so the
 lookup must walk past it); at most one successful clone per proxy and never a clone for a VMID
 already holding our VM; no mutation sent twice, so none whose UPID was journalled; the proxy's
-seed ISO kept while it lives (its CD-ROM) and gone once it is deleted. From the journal: every
+seed ISO gone once its guest has an address (released, issue 11), and with
+``PROXYHUB_KEEP_SEED_ISO`` (the delete flows) kept while it lives (its CD-ROM) and gone once it
+is deleted. From the journal: every
 operation terminal, ours ``succeeded``, the proxy ``Running`` with an address or gone, and no
 operation but the ones the test started (the recovery needed no operator).
 """
@@ -38,14 +41,14 @@ from typing import Any, NoReturn
 from uuid import UUID
 
 import pytest
+from django.conf import settings
 from django.db import transaction
-from pump import Pump, Sim
+from pump import Pump, Sim, seed_volid_of
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import ACTIVE_STATES, OperationState, Phase
 from provisioning.proxmox.ids import canonical_uid, vmid_for
 from provisioning.proxmox.marks import parse_mark
-from provisioning.proxmox.seed import seed_volid
 from provisioning.services import dispatch, driver, operations
 from provisioning.services.installation import installation_id
 from provisioning.services.operations import ProxySpec
@@ -113,8 +116,8 @@ def _spec(sim: Sim) -> ProxySpec:
 
 def _stage(op: Operation) -> str:
     progress = op.progress or {}
-    if progress.get("stage") == "address":
-        return "address"
+    if progress.get("stage") in ("address", "seed_release"):
+        return str(progress["stage"])
     machine = progress.get("create") or progress.get("delete") or {}
     return str(machine.get("stage", ""))
 
@@ -138,7 +141,16 @@ def _target(entry: LedgerEntry) -> int | None:
 
 
 def _identity(entry: LedgerEntry) -> tuple[Any, ...]:
-    return (entry.method, entry.key, tuple(sorted(entry.path_params.items())), _target(entry))
+    # A config write is told apart by what it sets: the configure step's and the seed's eject
+    # are two writes by design; the same write twice is a resubmission.
+    written = tuple(sorted(entry.params)) if entry.key == f"PUT {CONFIG}" else ()
+    return (
+        entry.method,
+        entry.key,
+        tuple(sorted(entry.path_params.items())),
+        _target(entry),
+        written,
+    )
 
 
 def _sent_mutations(sim: Sim) -> list[LedgerEntry]:
@@ -169,6 +181,8 @@ class Crash:
     started: list[UUID] = field(default_factory=list)
     foreign: dict[int, dict[str, Any]] = field(default_factory=dict)
     usual_profile: Profile | None = None
+    seed: str = ""  # the proxy's seed volume id
+    keep_seed: bool = False
     recovery_began: float | None = None  # the simulator's clock at the first message re-sent
 
     # --- the seams ------------------------------------------------------------------------
@@ -265,6 +279,7 @@ class Crash:
         lookup probes, so every test also proves that VM is walked past and left alone."""
         op = self._start(operations.proxy_create, spec=_spec(self.sim))
         proxy = Proxy.objects.get(pk=op.proxy_id)
+        self.seed = seed_volid_of(proxy)
         cluster = self.sim.cluster
         first = vmid_for(proxy.uid, 0, cluster.vmid_min, cluster.vmid_max)
         squatter = self.sim.engine.control.create_vms(
@@ -275,7 +290,10 @@ class Crash:
         return op
 
     def running_proxy(self) -> Proxy:
-        """A proxy created without a fault: where every delete starts."""
+        """A proxy created without a fault: where every delete starts. It keeps its seed
+        (``PROXYHUB_KEEP_SEED_ISO``), so the delete is the one that removes it."""
+        self.keep_seed = True
+        self.monkeypatch.setattr(settings, "PROXYHUB_KEEP_SEED_ISO", True)
         op = self.create()
         self.pump.run()
         op.refresh_from_db()
@@ -348,7 +366,8 @@ class Crash:
         proxy = Proxy.objects.get()
         assert proxy.phase == Phase.RUNNING and proxy.ip, (proxy.phase, proxy.ip)
         assert self._our_vms() == {canonical_uid(proxy.uid): [proxy.vmid]}
-        assert self._seeds() == {proxy.node}  # its CD-ROM, on its node only
+        # Released once the guest had its address; kept, its CD-ROM on its node only.
+        assert self._seeds() == ({proxy.node} if self.keep_seed else set())
         self._assert_everywhere()
 
     def assert_deleted(self) -> None:
@@ -425,7 +444,7 @@ class Crash:
 
     def _seeds(self) -> set[str]:
         """The nodes holding the proxy's seed ISO."""
-        volid = seed_volid(SEEDS, "proxy-alpha")
+        volid = self.seed
         return {
             node
             for node in NODES
@@ -615,12 +634,56 @@ def test_F11_vm_running_worker_dies_before_the_address_is_found(crash: Crash, si
 
 def test_F12_address_found_worker_dies_before_running_is_committed(crash: Crash, sim: Sim) -> None:
     """F12: address found, before phase ``Running`` committed."""
-    crash.before_commit("address", "done", finished=True)
+    crash.before_commit("address", "continue")
     crash.create()
     death = crash.run_to_death()
     assert death.stage == "address" and death.claim_held
     proxy = Proxy.objects.get()
     assert proxy.phase != Phase.RUNNING and proxy.ip is None
+    crash.recover()
+    crash.assert_created()
+
+
+def _after_the_address(crash: Crash, sim: Sim, arm: Any) -> None:
+    """Arm ``arm`` once the guest agent is first asked, so it fires in the seed's release and
+    not at the configure step's config write."""
+    sim.before("GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces", lambda _: arm())
+
+
+def test_F13_eject_sent_reply_lost_worker_dies(crash: Crash, sim: Sim) -> None:
+    """F13: the seed's eject applied, its reply lost with the worker."""
+    sim.engine.control.drop_reply("PUT", CONFIG, nth=2)
+    _after_the_address(crash, sim, lambda: crash.after_call("PUT", CONFIG))
+    crash.create()
+    death = crash.run_to_death()
+    assert death.stage == "seed_release" and death.claim_held
+    eject = _ledger(sim, "PUT", CONFIG)[-1]
+    assert eject.mutation and eject.fault == "drop" and "ide2" in eject.params
+    crash.recover()
+    crash.assert_created()  # read back: the drive is empty, so the eject is not sent again
+    assert len(_ledger(sim, "PUT", CONFIG)) == 2
+
+
+def test_F14_seed_delete_sent_reply_lost_worker_dies(crash: Crash, sim: Sim) -> None:
+    """F14: the seed's volume delete applied, its reply lost with the worker."""
+    sim.engine.control.drop_reply("DELETE", VOLUME)
+    crash.after_call("DELETE", VOLUME)
+    crash.create()
+    death = crash.run_to_death()
+    assert death.stage == "seed_release" and death.claim_held
+    (gone,) = _ledger(sim, "DELETE", VOLUME)
+    assert gone.mutation and gone.fault == "drop"
+    crash.recover()
+    crash.assert_created()
+
+
+def test_F15_seed_removed_worker_dies_before_it_is_committed(crash: Crash, sim: Sim) -> None:
+    """F15: the seed is gone, the journal never said so."""
+    crash.before_commit("seed_release", "done", finished=True)
+    crash.create()
+    death = crash.run_to_death()
+    assert death.stage == "seed_release" and death.claim_held
+    assert crash._seeds() == set()
     crash.recover()
     crash.assert_created()
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
 DESTROY = "DELETE /nodes/{node}/qemu/{vmid}"
+CONFIG = "PUT /nodes/{node}/qemu/{vmid}/config"
 
 
 def _spec(sim: Sim, name: str = "alpha", **kwargs: object) -> ProxySpec:
@@ -60,12 +61,73 @@ def test_create_runs_to_running_and_journals_every_step(pump: Pump, sim: Sim) ->
         "start",
         "running",
         "address",
+        "seed_release",
     ]
     assert all(state == StepState.SUCCEEDED for _, state, _ in steps)
     upids = {name: upid for name, _, upid in steps}
     for name in ("clone", "upload", "resize", "start"):
         assert upids[name].startswith("UPID:pve1:"), name
     assert sim.ledger_mutations().count(CLONE) == 1
+
+
+def test_the_seed_is_ejected_and_removed_once_the_guest_has_its_address(
+    pump: Pump, sim: Sim
+) -> None:
+    """Issue 11: the seed holds the user-data; once the boot that read it is over it leaves the
+    VM and the storage, and the proxy stays Running with its address."""
+    _create(pump, sim)
+    proxy = Proxy.objects.get()
+    assert proxy.phase == Phase.RUNNING and proxy.ip
+    config = sim.api.vm_config(proxy.node, int(proxy.vmid or 0))
+    assert config["ide2"] == "none,media=cdrom"
+    seeds = sim.api.storage_content(proxy.node, "proxy-seeds", content="iso")
+    assert not [s for s in seeds if s["volid"].startswith("proxy-seeds:iso/proxy-alpha")]
+    # Ejected strictly after the address was read: the seed's last use was that boot.
+    calls = sim.engine.ledger.calls()
+    agent = max(e.seq for e in calls if "agent/network-get-interfaces" in str(e.key))
+    ejects = [e for e in calls if e.key == CONFIG and "ide2" in e.params]
+    assert [e.params["ide2"] for e in ejects][-1] == "none,media=cdrom"
+    assert ejects[-1].seq > agent
+
+
+def test_a_proxy_without_its_seed_is_neither_drifted_nor_broken_and_survives_a_reboot(
+    pump: Pump, sim: Sim
+) -> None:
+    """After the release, reconcile sees a healthy proxy (no replace, no write), and a reboot
+    brings it back with its address: the guest keeps the agent its first boot installed."""
+    from provisioning.services.reconcile import reconcile_round
+
+    _create(pump, sim)
+    proxy = Proxy.objects.get()
+    address = proxy.ip
+    sim.engine.ledger.clear()
+    pump.call(reconcile_round)
+    pump.run()
+    assert sim.engine.ledger.mutations() == []
+    assert Operation.objects.count() == 1
+    reboot = pump.call(operations.proxy_power, proxy=proxy, action="reboot")
+    pump.run()
+    reboot.refresh_from_db()
+    proxy.refresh_from_db()
+    assert reboot.state == OperationState.SUCCEEDED
+    assert (proxy.phase, proxy.ip) == (Phase.RUNNING, address)
+    assert sim.api.vm_config(proxy.node, int(proxy.vmid or 0))["ide2"] == "none,media=cdrom"
+    pump.call(reconcile_round)
+    pump.run()
+    assert not Operation.objects.filter(kind=OperationKind.REPLACE).exists()
+
+
+def test_keep_seed_iso_leaves_it_attached_and_on_storage(
+    pump: Pump, sim: Sim, settings: Any
+) -> None:
+    settings.PROXYHUB_KEEP_SEED_ISO = True
+    op = _create(pump, sim)
+    proxy = Proxy.objects.get()
+    assert op.state == OperationState.SUCCEEDED and proxy.phase == Phase.RUNNING
+    assert "seed_release" not in op.steps.values_list("name", flat=True)
+    volid = sim.api.vm_config(proxy.node, int(proxy.vmid or 0))["ide2"].split(",")[0]
+    assert volid.startswith("proxy-seeds:iso/proxy-alpha_")
+    assert sim.engine.control.volume_data(proxy.node, volid) is not None
 
 
 def test_create_sends_its_first_step_only_after_commit(
@@ -140,6 +202,8 @@ def test_duplicate_and_stale_deliveries_do_nothing(pump: Pump, sim: Sim) -> None
     pump.run()
     assert Proxy.objects.get().phase == Phase.RUNNING
     counts = {k: sim.ledger_mutations().count(k) for k in set(sim.ledger_mutations())}
+    # Two config writes by design (configure, then the seed's eject); everything else once.
+    assert counts.pop(CONFIG) == 2
     assert all(n == 1 for n in counts.values()), counts
 
 
@@ -242,7 +306,8 @@ def test_one_chain_per_proxy(pump: Pump, sim: Sim) -> None:
     assert reboots and max(e.seq for e in starts) < reboots[0].seq
 
 
-def test_replace_on_cloud_init_change_builds_a_new_vm(pump: Pump, sim: Sim) -> None:
+def test_replace_on_cloud_init_change_builds_a_new_vm(pump: Pump, sim: Sim, settings: Any) -> None:
+    settings.PROXYHUB_KEEP_SEED_ISO = True  # to read the new seed back
     _create(pump, sim)
     proxy = Proxy.objects.get()
     op = pump.call(operations.proxy_update, proxy=proxy, cloud_init=b"#cloud-config\nnew: 1\n")
@@ -254,7 +319,8 @@ def test_replace_on_cloud_init_change_builds_a_new_vm(pump: Pump, sim: Sim) -> N
     assert proxy.phase == Phase.RUNNING
     assert sim.ledger_mutations().count(DESTROY) == 1
     assert sim.ledger_mutations().count(CLONE) == 2
-    seed = sim.engine.control.volume_data("pve1", "proxy-seeds:iso/proxy-alpha-seed.iso")
+    volid = sim.api.vm_config("pve1", int(proxy.vmid or 0))["ide2"].split(",")[0]
+    seed = sim.engine.control.volume_data("pve1", volid)
     assert seed is not None and b"new: 1" in seed
     assert (
         pump.call(operations.proxy_update, proxy=proxy, cloud_init=b"#cloud-config\nnew: 1\n")

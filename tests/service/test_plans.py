@@ -156,5 +156,9 @@ def test_the_plan_is_what_the_journal_of_a_real_create_shows(pump: Pump, sim: Si
     # The spec's plan differs only by what the saved proxy adds: its UID and VMID candidate.
     from_spec = plan_for_spec(spec)
     assert from_spec.plan_hash != plan.plan_hash
-    assert (from_spec.node, from_spec.configure) == (plan.node, plan.configure)
+    # ... and the seed's name, which carries the uid's tag once there is a uid.
+    assert from_spec.seed_iso_name.endswith("_<uid>-seed.iso")
+    without_seed = {k: v for k, v in plan.configure.items() if k != "ide2"}
+    assert from_spec.node == plan.node
+    assert {k: v for k, v in from_spec.configure.items() if k != "ide2"} == without_seed
     assert [s.name for s in from_spec.steps] == [s.name for s in plan.steps]

@@ -10,6 +10,7 @@ from pump import Pump, Sim, running_fleet
 from provisioning.models import Installation, Operation, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase
 from provisioning.proxmox.marks import render_mark
+from provisioning.proxmox.seed import seed_iso_name
 from provisioning.services.gc import gc_run
 from provisioning.services.leases import LeaseHeld, job_lease
 from provisioning.services.reconcile import reconcile_round
@@ -105,7 +106,13 @@ def test_gc_on_a_mixed_cluster_removes_exactly_our_old_orphans(pump: Pump, sim: 
     _managed_vm(sim, 150002, "proxy-orphan-young", "22222222-2222-4222-8222-222222222222", ours, 60)
     _managed_vm(sim, 150003, "proxy-theirs", "33333333-3333-4333-8333-333333333333", "other", 3600)
     sim.api.clone("pve1", 9000, newid=150004, name="proxy-foreign")  # no mark at all
-    sim.api.upload_iso("pve2", "proxy-seeds", filename="proxy-gone-seed.iso", content=b"x" * 4096)
+    gone_uid = "44444444-4444-4444-8444-444444444444"
+    # Our seed of a proxy that is gone; the other installation's seed of its proxy of the same
+    # name (issue 11: never ours to touch); and a legacy seed, which names no installation.
+    for installation in (ours, "other"):
+        name = seed_iso_name("proxy-gone", installation_id=installation, uid=gone_uid)
+        sim.api.upload_iso("pve2", "proxy-seeds", filename=name, content=b"x" * 4096)
+    sim.api.upload_iso("pve2", "proxy-seeds", filename="proxy-old-seed.iso", content=b"x" * 4096)
     sim.settle()
     # Seeds are judged by their age on the storage: make the orphan seed old.
     plan = pump.call(gc_run, dry_run=True, min_age=0)
@@ -130,3 +137,28 @@ def test_gc_on_a_mixed_cluster_removes_exactly_our_old_orphans(pump: Pump, sim: 
     assert {p.vm_name for p in live} <= names
     gc_op = Operation.objects.get(kind=OperationKind.DELETE, proxy__isnull=True)
     assert gc_op.state == OperationState.SUCCEEDED and gc_op.requested_via == "beat"
+
+    # Once old enough, our orphan seed goes; the other installation's and the legacy one stay.
+    pump.call(gc_run, min_age=0)
+    pump.run()
+    left = {s["volid"] for s in sim.api.storage_content("pve2", "proxy-seeds", content="iso")}
+    ours_seed = seed_iso_name("proxy-gone", installation_id=ours, uid=gone_uid)
+    theirs = seed_iso_name("proxy-gone", installation_id="other", uid=gone_uid)
+    assert f"proxy-seeds:iso/{ours_seed}" not in left
+    assert {f"proxy-seeds:iso/{theirs}", "proxy-seeds:iso/proxy-old-seed.iso"} <= left
+
+
+def test_gc_never_collects_a_vm_whose_mark_has_no_uid(pump: Pump, sim: Sim) -> None:
+    """Issue 11: a mark without a uid is not provably ours, so a destroy would refuse it; GC
+    does not plan it (nor send a delete that would leave it, round after round)."""
+    from provisioning.services.installation import installation_id
+
+    ours = installation_id()  # drawn and written outside the database, as a first create does
+    description = f"proxyhub-managed=true\nproxyhub-installation={ours}"
+    sim.api.clone("pve1", 9000, newid=150009, name="proxy-nouid", description=description)
+    sim.settle()
+    assert pump.call(gc_run, dry_run=True, min_age=0) == []
+    pump.call(gc_run, min_age=0)
+    pump.run()
+    assert "proxy-nouid" in {e.get("name") for e in sim.api.cluster_resources()}
+    assert not Operation.objects.filter(kind=OperationKind.DELETE).exists()

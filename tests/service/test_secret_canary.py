@@ -21,7 +21,7 @@ import pytest
 import trustme
 from django.apps import apps
 from django.core import serializers
-from pump import Pump
+from pump import Pump, seed_volid_of
 
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.http import HttpTransport
@@ -95,6 +95,7 @@ def test_no_secret_leaves_its_place(
     settings: Any,
 ) -> None:
     engine, cluster, ca_text = https_cluster
+    settings.PROXYHUB_KEEP_SEED_ISO = True  # the seed is read back below
     caplog.set_level(logging.DEBUG)
     sent: list[tuple[Any, ...]] = []
     original = pump.send
@@ -127,7 +128,7 @@ def test_no_secret_leaves_its_place(
     pump.call(reconcile_round)
     pump.run()
     metrics = client.get("/metrics").content.decode()
-    seed = engine.control.volume_data("pve1", "proxy-seeds:iso/proxy-c0-seed.iso")
+    seed = engine.control.volume_data("pve1", seed_volid_of(Proxy.objects.get(name="c0")))
     for proxy in Proxy.objects.all():
         pump.call(operations.proxy_request_delete, proxy=proxy)
     dump_before_delete = _database_dump()

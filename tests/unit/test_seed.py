@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import email
 import io
+import re
 import time
 from collections.abc import Iterator
 from email.message import Message
@@ -14,7 +15,11 @@ import yaml
 
 from provisioning.proxmox.seed import (
     AGENT_VENDOR_DATA,
+    SeedName,
     build_seed_iso,
+    installation_tag,
+    legacy_seed_iso_name,
+    parse_seed_name,
     seed_iso_name,
     seed_volid,
 )
@@ -200,5 +205,30 @@ def test_refuses_inputs_that_would_corrupt_meta_data(overrides: dict[str, object
 
 
 def test_seed_names() -> None:
-    assert seed_iso_name("proxy-fra-1") == "proxy-fra-1-seed.iso"
-    assert seed_volid("proxy-seeds", "proxy-fra-1") == "proxy-seeds:iso/proxy-fra-1-seed.iso"
+    uid = "0123abcd-ef01-4a23-8b45-6789abcdef01"
+    name = seed_iso_name("proxy-fra-1", installation_id="inst-a", uid=uid)
+    assert name == f"proxy-fra-1_{installation_tag('inst-a')}_0123abcdef01-seed.iso"
+    assert seed_volid("proxy-seeds", name) == f"proxy-seeds:iso/{name}"
+
+
+@pytest.mark.parametrize("vm_name", ["proxy-a", "proxy-fra-1", "proxy-x-" + "9" * 55, "proxy-a-b"])
+def test_seed_names_parse_back_whatever_dashes_the_name_holds(vm_name: str) -> None:
+    uid = "fedcba98-7654-4321-8abc-def012345678"
+    parsed = parse_seed_name(seed_iso_name(vm_name, installation_id="inst.a_b-1", uid=uid))
+    assert parsed == SeedName(vm_name, installation_tag("inst.a_b-1"), "fedcba987654")
+    assert not parsed.legacy
+    assert parse_seed_name(legacy_seed_iso_name(vm_name)) == SeedName(vm_name)
+
+
+def test_a_legacy_name_that_looks_tagged_is_never_read_as_the_new_form() -> None:
+    """A proxy may be named ``x-deadbeef-0123456789ab``: its old-form seed stays old-form."""
+    parsed = parse_seed_name("proxy-x-deadbeef-0123456789ab-seed.iso")
+    assert parsed == SeedName("proxy-x-deadbeef-0123456789ab")
+    assert parse_seed_name("not-a-seed.iso") is None
+    assert parse_seed_name("proxy-A_deadbeef_0123456789ab-seed.iso") is None
+
+
+def test_the_longest_seed_name_survives_the_upload_name_rule() -> None:
+    name = seed_iso_name("proxy-" + "a" * 57, installation_id="i" * 64, uid="x")
+    assert len(name) == 94
+    assert re.fullmatch(r"[-a-zA-Z0-9_.]+\.iso", name)

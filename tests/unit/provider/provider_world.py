@@ -18,6 +18,7 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.seed import seed_iso_name, seed_volid
 from provisioning.proxmox.steps import Progress, StepResult
 from pvesim.clock import ManualClock
 from pvesim.simulator import Simulator
@@ -75,6 +76,11 @@ class World:
         }
         fields.update(kwargs)
         return CreateRequest(**fields)
+
+    def seed_volid(self, req: CreateRequest) -> str:
+        """The volume id of ``req``'s seed in this world's installation."""
+        name = seed_iso_name(req.vm_name, installation_id=self.config.installation_id, uid=req.uid)
+        return seed_volid(self.config.iso_storage, name)
 
     def step(
         self,

@@ -20,7 +20,7 @@ from provisioning.proxmox.errors import PermanentError, TransientError
 from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
-from provisioning.proxmox.seed import build_seed_iso, seed_volid
+from provisioning.proxmox.seed import build_seed_iso, uid_tag
 from provisioning.proxmox.steps import StepResult
 from tests.support.simtransport import sim_api
 
@@ -66,7 +66,8 @@ def test_create_writes_mark_tag_seed_and_sizes(world: World) -> None:
     assert mark.created_at is not None
     assert config["tags"] == "proxyhub"
     assert (config["cores"], config["memory"], config["agent"]) == ("1", "1024", "1")
-    assert config["ide2"] == "proxy-seeds:iso/proxy-marked-seed.iso,media=cdrom"
+    assert config["ide2"] == f"{world.seed_volid(req)},media=cdrom"
+    assert "_" + uid_tag(req.uid) + "-seed.iso" in config["ide2"]
     assert "size=10G" in config["scsi0"]
     clone = world.engine.ledger.calls("POST", CLONE)[0]
     # Cloned from the template's node onto pve2 with target=, as a full clone (entry 4).
@@ -245,7 +246,8 @@ def test_create_clone_already_exists_race_runs_ownership_check(world: World) -> 
 def test_create_seed_upload_overwrites_without_delete(world: World) -> None:
     req = world.request("seed")
     stale = b"stale" * 1000
-    world.api.upload_iso("pve1", "proxy-seeds", filename="proxy-seed-seed.iso", content=stale)
+    stale_name = world.seed_volid(req).split("/", 1)[1]
+    world.api.upload_iso("pve1", "proxy-seeds", filename=stale_name, content=stale)
     world.engine.control.advance(5)
     world.engine.ledger.clear()
     world.create(req)
@@ -257,7 +259,7 @@ def test_create_seed_upload_overwrites_without_delete(world: World) -> None:
         vendor_data=None,
         install_guest_agent=True,
     )
-    stored = world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-seed"))
+    stored = world.engine.control.volume_data("pve1", world.seed_volid(req))
     assert stored == expected
 
 
@@ -435,7 +437,10 @@ def test_a_stale_seed_of_the_same_name_is_not_taken_for_a_lost_upload(world: Wor
         install_guest_agent=world.config.install_guest_agent,
     )
     world.api.upload_iso(
-        "pve1", "proxy-seeds", filename="proxy-stale-seed.iso", content=b"x" * len(ours)
+        "pve1",
+        "proxy-seeds",
+        filename=world.seed_volid(req).split("/", 1)[1],
+        content=b"x" * len(ours),
     )
     world.settle(60)  # the stale seed is older than the clone to come
     world.engine.control.fail_call("POST", "/nodes/{node}/storage/{storage}/upload", kind="reset")
@@ -443,9 +448,7 @@ def test_a_stale_seed_of_the_same_name_is_not_taken_for_a_lost_upload(world: Wor
     assert first.status == "error" and first.error is not None and first.error.reply_lost
     done = _drive_from(world, req, first.progress)
     assert done.status == "done"
-    assert (
-        world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-stale")) == ours
-    )
+    assert world.engine.control.volume_data("pve1", world.seed_volid(req)) == ours
 
 
 def test_a_lost_start_reply_is_read_back_even_once_the_task_has_ended(world: World) -> None:

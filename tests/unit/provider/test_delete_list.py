@@ -10,6 +10,7 @@ from provider_world import GOOD_TEMPLATE, World
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.errors import NotFoundError, PermanentError
 from provisioning.proxmox.marks import render_mark
+from provisioning.proxmox.seed import seed_iso_name
 
 DESTROY = "DELETE /nodes/{node}/qemu/{vmid}"
 VOLUME = "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
@@ -219,13 +220,19 @@ def test_list_managed_uses_one_listing_and_skips_nameless(world: World) -> None:
     assert world.engine.ledger.count("GET", "GET /cluster/resources") == 1
 
 
-def test_orphan_seeds_are_those_without_a_vm(world: World) -> None:
+def test_orphan_seeds_are_this_installations_without_a_vm(world: World) -> None:
+    """Only seeds named for this installation are candidates: another installation's and the
+    legacy ``proxy-<name>-seed.iso`` (which names no installation) are never orphans here."""
     _created(world, "keep")
-    for name in ("proxy-orphan-seed.iso", "not-a-seed.iso"):
+    uid = "0123abcd-ef01-4a23-8b45-6789abcdef01"
+    ours = seed_iso_name("proxy-orphan", installation_id="inst-test", uid=uid)
+    kept = seed_iso_name("proxy-keep", installation_id="inst-test", uid=uid)
+    theirs = seed_iso_name("proxy-orphan", installation_id="inst-other", uid=uid)
+    for name in (ours, kept, theirs, "proxy-orphan-seed.iso", "not-a-seed.iso"):
         world.api.upload_iso("pve2", "proxy-seeds", filename=name, content=b"x" * 2048)
     world.settle()
     orphans = world.provider.list_orphan_seeds()
-    assert [(o.node, o.volid, o.vm_name) for o in orphans] == [
-        ("pve2", "proxy-seeds:iso/proxy-orphan-seed.iso", "proxy-orphan")
+    assert [(o.node, o.volid, o.vm_name, o.uid_tag) for o in orphans] == [
+        ("pve2", f"proxy-seeds:iso/{ours}", "proxy-orphan", "0123abcdef01")
     ]
     assert orphans[0].ctime is not None

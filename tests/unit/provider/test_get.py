@@ -262,7 +262,7 @@ def test_every_get_and_the_calls_of_a_create_log_what_entry_20_names(
     clone = next(r for r in caplog.records if getattr(r, "call", "") == "clone")
     assert (clone.newid, clone.vm_name) == (str(vmid), "proxy-logged")  # type: ignore[attr-defined]
     upload = next(r for r in caplog.records if getattr(r, "call", "") == "upload_iso")
-    assert upload.upload_filename == "proxy-logged-seed.iso"  # type: ignore[attr-defined]
+    assert upload.upload_filename == world.seed_volid(req).split("/", 1)[1]  # type: ignore[attr-defined]
     world.api.stop("pve1", vmid)
     world.settle(30)
     caplog.clear()

@@ -68,8 +68,8 @@ def test_plan_makes_no_proxmox_call_and_resolves_every_value(world: World) -> No
     assert (plan.node, plan.node_source) == ("pve2", "zone")
     assert plan.vmid_candidate == vmid_for(req.uid, 0, 100000, 199999)
     assert (plan.cores, plan.memory_mib, plan.disk_gib) == (1, 1024, 10)
-    assert plan.seed_iso_name == "proxy-shown-seed.iso"
-    assert plan.seed_volid == "proxy-seeds:iso/proxy-shown-seed.iso"
+    assert plan.seed_iso_name == world.seed_volid(req).split("/", 1)[1]
+    assert plan.seed_volid == world.seed_volid(req)
     assert (plan.install_guest_agent, plan.extra_vendor_data) == (True, False)
     shown = plan.as_dict()
     json.dumps(shown)  # JSON-friendly as it is
@@ -139,8 +139,12 @@ def test_plan_steps_are_the_stages_the_create_runs(
     plan = plan_of(world.config, req)
     result = world.create(req)
     assert result.status == "done"
-    # "address" is the service's stage after the provider's create (driver.py).
-    assert [s.name for s in plan.steps] == [*journal_stages(world), "address"]
+    # "address" and "seed_release" are the service's stages after the provider's create
+    # (runners.py); with the seed kept, the release is not planned.
+    assert [s.name for s in plan.steps] == [*journal_stages(world), "address", "seed_release"]
+    kept = plan_of(world.config, req, keep_seed_iso=True)
+    assert [s.name for s in kept.steps] == [*journal_stages(world), "address"]
+    assert kept.plan_hash != plan.plan_hash
     assert ("resize" in [s.name for s in plan.steps]) == (machine_type == "small")
 
 

@@ -8,8 +8,6 @@ import logging
 import pytest
 from provider_world import World
 
-from provisioning.proxmox.seed import seed_volid
-
 CANARY = "CANARY-cloud-init-5f0c2d7e"
 UPLOAD_PATH = "/nodes/{node}/storage/{storage}/upload"
 CONFIG_PATH = "/nodes/{node}/qemu/{vmid}/config"
@@ -54,5 +52,5 @@ def test_create_cloud_init_sentinel_never_logged_or_in_errors(
     ledger = json.dumps([e.as_dict() for e in world.engine.ledger.calls()], default=str)
     assert CANARY not in ledger
     # It did reach Proxmox, inside the seed ISO and nowhere else.
-    stored = world.engine.control.volume_data("pve1", seed_volid("proxy-seeds", "proxy-canary"))
+    stored = world.engine.control.volume_data("pve1", world.seed_volid(req))
     assert stored is not None and CANARY.encode() in stored
