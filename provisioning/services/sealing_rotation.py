@@ -19,6 +19,7 @@ digest is current, is counted as current and left alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,29 +76,26 @@ def sealing_key_rotate(*, batch_size: int = BATCH_SIZE) -> RotationReport:
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     report = RotationReport()
+    _in_batches(Proxy, batch_size, lambda proxy: _reseal_proxy(proxy, report.cloud_init))
+    _in_batches(Cluster, batch_size, lambda cluster: _reseal_cluster(cluster, report.vendor_data))
+    return report
+
+
+def _in_batches(
+    model: type[Proxy] | type[Cluster], batch_size: int, reseal: Callable[[Any], None]
+) -> None:
+    """Call ``reseal`` on every row of ``model``, one locked primary-key batch per transaction."""
     last = 0
     while True:
         with transaction.atomic():
             rows = list(
-                Proxy.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch_size]
+                model.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch_size]
             )
-            for proxy in rows:
-                _reseal_proxy(proxy, report.cloud_init)
+            for row in rows:
+                reseal(row)
         if len(rows) < batch_size:
-            break
+            return
         last = rows[-1].pk
-    last = 0
-    while True:
-        with transaction.atomic():
-            clusters = list(
-                Cluster.objects.select_for_update().filter(pk__gt=last).order_by("pk")[:batch_size]
-            )
-            for cluster in clusters:
-                _reseal_cluster(cluster, report.vendor_data)
-        if len(clusters) < batch_size:
-            break
-        last = clusters[-1].pk
-    return report
 
 
 def _reseal_proxy(proxy: Proxy, counts: RotationCounts) -> None:
