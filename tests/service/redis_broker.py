@@ -47,7 +47,7 @@ def broker(url: str) -> Iterator[Celery]:
 
 def redis_db(number: int) -> Iterator[Any]:
     """A flushed Redis database of the local server (skips the test without one); flushed
-    again afterwards. Use as a generator fixture body: ``yield from redis_db(13)``."""
+    again afterwards. Use as a generator fixture body: ``yield from redis_db(15)``."""
     redis = pytest.importorskip("redis")
     client = redis.Redis.from_url(f"{REDIS_HOST}/{number}")
     try:
