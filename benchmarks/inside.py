@@ -6,6 +6,7 @@ tests/integration/probe.py), printing one JSON document on stdout.
     python benchmarks/inside.py send TASK_NAME             # through the broker, as Beat does
     python benchmarks/inside.py ping WORKER --count 50      # Celery round trips over Redis
     python benchmarks/inside.py changelist --proxies N --repeat 20
+    python benchmarks/inside.py profile gc|reconcile|changelist [--top 25]
 
 ``seed-proxies`` and the first part of ``changelist`` write rows straight into the database:
 they build a starting state that would take hours through the real path (2,000 Running proxies,
@@ -189,6 +190,49 @@ def changelist(proxies: int, repeat: int) -> dict[str, Any]:
     }
 
 
+def profile(target: str, top: int) -> dict[str, Any]:
+    """Where the time of one GC plan, one reconcile round or one changelist load goes, under
+    cProfile in this process (the same service code the worker and the admin run; for finding
+    the cost, not for the figures). The ``top`` functions by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    from provisioning.services.gc import gc_run
+    from provisioning.services.reconcile import reconcile_round
+
+    work: Any
+    if target == "gc":
+
+        def work() -> None:
+            gc_run(dry_run=True, via="command")
+    elif target == "reconcile":
+        work = reconcile_round
+    else:
+        user = get_user_model().objects.get(username="bench-admin")
+        client = Client(HTTP_HOST="127.0.0.1")
+        client.force_login(user)
+        url = reverse("admin:provisioning_proxy_changelist")
+
+        def work() -> None:
+            client.get(url, secure=True)
+
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.runcall(work)
+    seconds = time.perf_counter() - started
+    out: dict[str, Any] = {"target": target, "seconds": round(seconds, 3)}
+    for key in ("cumulative", "tottime"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        out[key] = text.getvalue()
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -203,6 +247,9 @@ def main() -> int:
     p = sub.add_parser("changelist")
     p.add_argument("--proxies", type=int, required=True)
     p.add_argument("--repeat", type=int, default=20)
+    p = sub.add_parser("profile")
+    p.add_argument("target", choices=["gc", "reconcile", "changelist"])
+    p.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     _setup()
     if args.command == "installation-id":
@@ -213,9 +260,12 @@ def main() -> int:
         out = send(args.task)
     elif args.command == "ping":
         out = ping(args.worker, args.count)
-    else:
+    elif args.command == "changelist":
         out = changelist(args.proxies, args.repeat)
-    json.dump(out, sys.stdout)
+    else:
+        out = profile(args.target, args.top)
+    # Django's logging writes JSON lines to stdout as well: the document is the last line.
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
     return 0
 
 

@@ -109,7 +109,8 @@ def inside(stack: Stack, *args: str, timeout: float = 1800) -> Any:
     )
     if done.returncode != 0:
         raise RuntimeError(f"inside.py {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
-    return json.loads(done.stdout)
+    # Django logs JSON lines to stdout too (a request's warning); the document is the last.
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def worker_name(name: str) -> str:
@@ -192,8 +193,9 @@ def requests_summary(entries: Sequence[dict[str, Any]], proxies: int) -> dict[st
 
 def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str, Any]:
     """``proxies create --count n`` then ``proxies wait --phase Running``: the journal's span
-    from the first create's ``created_at`` to the last one's ``finished_at``, the ledger's
-    requests meanwhile, the placement and the operations' own spans."""
+    from the first create's ``created_at`` to the last ``address`` step's end (Running with an
+    address), the ledger's requests of the whole creates (the seed's release included), the
+    placement and the operations' own spans."""
     template = stack.sim.info()["templateVmid"]
     template_node = next(str(v["node"]) for v in stack.sim.vms() if int(v["vmid"]) == template)
     before = stack.sim.last_seq()
@@ -202,22 +204,33 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
     command = time.time() - started
     width = len(str(n))
     stack.wait_phase([f"{prefix}-{i:0{width}d}" for i in range(1, n + 1)], "Running", timeout)
-    timing = stack.probe("timing", f"{prefix}-")
-    ops = stack.probe("operations", f"{prefix}-", "--kind", "create")
+
+    def ended() -> list[dict[str, Any]] | None:
+        # The seed's release runs after Running; its requests are the create's too.
+        found = stack.probe("operations", f"{prefix}-", "--kind", "create")
+        return found if all(op["finishedAt"] for op in found) else None
+
+    ops = wait_until(ended, timeout=timeout, interval=1.0, what=f"{prefix}'s creates to end")
     entries = stack.sim.ledger(after=before)
     rows = stack.proxies(f"{prefix}-")
+    # Running with an address is the end of the ``address`` step; the seed's release comes
+    # after it, off the user's path (the operation's ``finished_at`` includes it).
+    addressed = [
+        step["finishedAt"] for op in ops for step in op["steps"] if step["name"] == "address"
+    ]
+    if len(ops) != n or len(addressed) != n or None in addressed:
+        raise RuntimeError(f"{prefix}: {len(ops)} create operations, {len(addressed)} addressed")
+    first = min(float(op["createdAt"]) for op in ops)
     return {
-        "wall": float(timing["lastFinished"]) - float(timing["firstCreated"]),
+        "wall": max(float(a) for a in addressed) - first,
+        "wallToFinished": max(float(op["finishedAt"] or 0) for op in ops) - first,
         "createCommandSeconds": round(command, 3),
-        "states": timing["states"],
+        "states": dict(Counter(str(op["state"]) for op in ops)),
         "templateNode": template_node,
         "placement": dict(sorted(Counter(str(r["node"]) for r in rows).items())),
         "entries": entries,
         "operations": [(float(o["startedAt"] or o["createdAt"]), o["finishedAt"]) for o in ops],
     }
-
-
-# --- the figures ------------------------------------------------------------------------------
 
 
 def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
@@ -356,8 +369,6 @@ def seed_cluster(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     spec_file = stack.logdir / "seed.json"
     spec_file.write_text(json.dumps(spec))
     inside(stack, "seed-proxies", str(spec_file))
-    # New guests are listed bare until pvestatd's pass (statd_lag) has seen them.
-    time.sleep(max(0.0, 11 * TIME_SCALE - (time.monotonic() - started)) + 0.5)
     return {
         "ourVms": len(ours),
         "otherVms": len(others),
@@ -441,7 +452,9 @@ def stack_for(
     )
 
 
-def run_suite(sizes: Sizes, only: Sequence[str], log: Callable[[str], None]) -> dict[str, Any]:
+def run_suite(
+    sizes: Sizes, only: Sequence[str], log: Callable[[str], None], *, profile: bool = False
+) -> dict[str, Any]:
     services = Services.from_env()
     why = services.unavailable()
     if why:
@@ -483,9 +496,16 @@ def run_suite(sizes: Sizes, only: Sequence[str], log: Callable[[str], None]) -> 
                         stack, "proxyhub.provisioning.gc", sizes.reconcile_proxies, sizes
                     )
                     log(f"gc: {out['gc']['seconds']}")
+                    if profile:
+                        out.setdefault("profiles", {})
+                        for target in ("reconcile", "gc"):
+                            out["profiles"][target] = inside(stack, "profile", target)
                 if "changelist" in only:
                     out["changelist"] = measure_changelist(stack, sizes)
                     log(f"changelist: {out['changelist']['ms']}")
+                    if profile:
+                        out.setdefault("profiles", {})
+                        out["profiles"]["changelist"] = inside(stack, "profile", "changelist")
     return out
 
 
@@ -617,6 +637,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--only", nargs="+", choices=STAGES, default=list(STAGES))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one reconcile round, one GC plan and one changelist load (cProfile, "
+        "in a child process) into the run's file",
+    )
     parser.add_argument("--out", type=Path, default=None, help="results file (JSON)")
     parser.add_argument(
         "--no-latest", action="store_true", help="do not merge the figures into latest.json"
@@ -629,7 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(text: str) -> None:
         print(f"[{time.monotonic() - clock:7.1f} s] {text}", flush=True)
 
-    result = run_suite(sizes, args.only, log)
+    result = run_suite(sizes, args.only, log, profile=args.profile)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
     details = {
         "size": args.size,
