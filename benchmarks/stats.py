@@ -82,6 +82,9 @@ class NodeInflight:
     seconds_over_cap: float
     seconds_waiting: float  # some task of ours queued (in the client or the node)
     seconds_waiting_below_cap: float  # work waited while fewer than ``cap`` ran: a lost slot
+    seconds_at_cap: float  # ``cap`` tasks (or more) ran: the node fully used
+    seconds_busy: float  # at least one task ran
+    seconds: float  # from ``origin`` to the end
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +95,9 @@ class NodeInflight:
             "secondsOverCap": round(self.seconds_over_cap, 3),
             "secondsWaiting": round(self.seconds_waiting, 3),
             "secondsWaitingBelowCap": round(self.seconds_waiting_below_cap, 3),
+            "secondsAtCap": round(self.seconds_at_cap, 3),
+            "secondsBusy": round(self.seconds_busy, 3),
+            "seconds": round(self.seconds, 3),
             "series": [[round(t, 3), n, r] for t, n, r in self.series],
         }
 
@@ -109,7 +115,8 @@ def inflight(
     Work waited on a node when one of its tasks was submitted but not yet running (queued by
     the node). ``seconds_waiting_below_cap`` is the time work waited while fewer than ``cap``
     tasks ran: zero means the node was at the cap whenever work waited. Steps proxyhub holds
-    back itself are not in this timeline (it holds none back today: no per-node cap exists).
+    back itself, or has not got to yet, are not in this timeline: ``seconds_at_cap`` against
+    the run's makespan shows how much of it the node was kept full.
     """
     if origin is None:
         origin = min((float(t["submitted"]) for t in tasks), default=0.0)
@@ -132,7 +139,7 @@ def inflight(
         series: list[tuple[float, int, int]] = []
         n = r = q = 0
         max_n = max_r = 0
-        over = waiting = below = 0.0
+        over = waiting = below = at_cap = busy = 0.0
         last = origin
         for at, dn, dr, dq in events:
             at = min(max(at, origin), stop)
@@ -140,6 +147,10 @@ def inflight(
             if span > 0:
                 if n > cap:
                     over += span
+                if r >= cap:
+                    at_cap += span
+                if r > 0:
+                    busy += span
                 if q > 0:
                     waiting += span
                     if r < cap:
@@ -160,6 +171,9 @@ def inflight(
             seconds_over_cap=over,
             seconds_waiting=waiting,
             seconds_waiting_below_cap=below,
+            seconds_at_cap=at_cap,
+            seconds_busy=busy,
+            seconds=stop - origin,
         )
     return out
 

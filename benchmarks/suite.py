@@ -302,6 +302,10 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "secondsWaitingBelowCap": round(
             sum(node["secondsWaitingBelowCap"] for r in runs for node in r["nodes"].values()), 3
         ),
+        # How much of the makespan each node ran at the cap (last run): 1.0 is a node kept full.
+        "shareAtCapPerNode": {
+            k: round(v["secondsAtCap"] / runs[-1]["wall"], 3) for k, v in last.items()
+        },
         "runs": runs,
     }
 
@@ -540,6 +544,7 @@ def figures(result: dict[str, Any], details: dict[str, Any]) -> dict[str, Figure
                 "exceededCap": mk["exceededCap"],
                 "maxInflightPerNode": mk["maxInflightPerNode"],
                 "secondsWaitingBelowCap": mk["secondsWaitingBelowCap"],
+                "shareAtCapPerNode": mk["shareAtCapPerNode"],
             },
         )
     if "concurrency" in result:

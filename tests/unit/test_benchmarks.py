@@ -314,6 +314,7 @@ def test_the_inflight_series_shows_a_node_over_its_cap_and_never_idle_while_work
     assert pve1.seconds_waiting == pytest.approx(2.0)  # queued from 0 to 2
     assert pve1.seconds_waiting_below_cap == 0.0
     assert pve1.seconds_over_cap == pytest.approx(2.0)  # 5, then 3 in flight until t=2
+    assert (pve1.seconds_at_cap, pve1.seconds_busy, pve1.seconds) == (2.0, 3.0, 3.0)
     assert pve1.series[0] == (0.0, 5, 2)
     assert pve1.series[-1] == (3.0, 0, 0)
     assert nodes["pve2"].exceeded_cap is False
