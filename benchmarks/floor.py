@@ -61,9 +61,13 @@ def fleet_floor(
     profile: str | Profile = "fast",
     time_scale: float = 1.0,
     agent_baked: bool = True,
+    node_task_limit: int | None = None,
 ) -> Floor:
-    """The floor for creating ``sum(placement.values())`` proxies placed as ``placement``."""
+    """The floor for creating ``sum(placement.values())`` proxies placed as ``placement``;
+    ``node_task_limit`` is the simulator's ``--node-task-limit`` when one was given."""
     p = get_profile(profile, time_scale)
+    if node_task_limit is not None:
+        p = p.with_task_limit(node_task_limit)
     boot = boot_seconds(p, agent_baked=agent_baked)
     per_node = p.upload + p.task + p.start
     n = sum(placement.values())
@@ -85,4 +89,18 @@ def fleet_floor(
         template_node_bound=template_bound,
         other_node_bound=other_bound,
         formula="max(C, W_T/L + boot, max_k(clone + W_k/L + boot)); see benchmarks/floor.py",
+    )
+
+
+def create_floor(
+    *, profile: str | Profile = "realistic", time_scale: float = 1.0, agent_baked: bool = True
+) -> Floor:
+    """One proxy alone: its critical path ``clone + upload + resize + start + boot`` (no
+    queue: one proxy never fills a node's slots)."""
+    return fleet_floor(
+        {"template-node": 1},
+        template_node="template-node",
+        profile=profile,
+        time_scale=time_scale,
+        agent_baked=agent_baked,
     )

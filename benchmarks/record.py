@@ -131,6 +131,44 @@ def record_latest(
     return path
 
 
+def record_suite(
+    figures: Mapping[str, Figure],
+    *,
+    section: str = "suite",
+    flat: bool = True,
+    measured_at: str | None = None,
+    commit: str | None = None,
+    path: Path = LATEST,
+) -> Path:
+    """Merge issue 12's suite (benchmarks/suite.py) into ``latest.json``.
+
+    The issue asks for one object whose keys are the figures and whose values are numbers, so
+    with ``flat`` each figure is written at the top level as its bare number; its full record
+    (``{value, target, unit, measured_at, commit, details}``, as every other figure has) goes
+    under ``section`` → name. Smoke runs (``flat=False``) write only their section, so a
+    small-size check never stands in for a real figure. Other figures are kept as they are.
+    """
+    when = measured_at or now_iso()
+    rev = commit or git_commit()
+    current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    records = dict(current.get(section) or {})
+    for name, fig in figures.items():
+        records[name] = {
+            "value": fig.value,
+            "target": fig.target,
+            "unit": fig.unit,
+            "measured_at": when,
+            "commit": rev,
+            "details": dict(fig.details),
+        }
+        if flat:
+            current[name] = fig.value
+    current[section] = dict(sorted(records.items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, json.dumps(dict(sorted(current.items())), indent=2) + "\n")
+    return path
+
+
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` whole, so a benchmark killed mid-write leaves the old file intact."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, default_workdir: str = "va
         help="multiply every duration of the profile by this factor",
     )
     parser.add_argument(
+        "--node-task-limit",
+        type=int,
+        default=None,
+        help="tasks each node runs at once, more wait in its queue (default: the profile's)",
+    )
+    parser.add_argument(
         "--workdir", default=default_workdir, help="CA, certificate, token and catalogue go here"
     )
     parser.add_argument(
@@ -57,6 +63,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.time_scale < 0:
         parser.error("--time-scale must not be negative")
+    if args.node_task_limit is not None and args.node_task_limit < 1:
+        parser.error("--node-task-limit must be at least 1")
     return args
 
 
@@ -72,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = Simulator(
         profile=args.profile,
         time_scale=args.time_scale,
+        node_task_limit=args.node_task_limit,
         token_id=workdir.token_id,
         token_secret=workdir.token_secret,
     )

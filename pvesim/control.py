@@ -11,7 +11,8 @@ Faults: ``error_rate`` (seeded), ``fail_call`` (the Nth matching call, determini
 / ``node_online``. Guests: ``pause_vm``, ``resume_vm``, ``hibernate_vm`` (the ``suspended``
 lock), ``set_lock``/``clear_lock``, ``remove_agent``, ``set_ha``, ``set_hookscript``,
 ``add_pending``, ``create_vms`` (bulk, for 10,000-VM benchmarks). Tasks:
-``fail_next_task``. Permissions: ``deny``/``allow``. Time: ``advance`` (manual clock only).
+``fail_next_task``, ``tasks`` (every task's node, type and times, for the benchmarks' per-node
+in-flight series). Permissions: ``deny``/``allow``. Time: ``advance`` (manual clock only).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ _HTTP_POST = frozenset(
         "clear_ledger",
     }
 )
-_HTTP_GET = frozenset({"ledger", "faults", "info", "vm"})
+_HTTP_GET = frozenset({"ledger", "faults", "info", "vm", "tasks"})
 
 
 class Control:
@@ -356,6 +357,26 @@ class Control:
             self._engine.scheduler.inject(
                 InjectedFailure(task_type, message, node=node, applied=bool(applied))
             )
+
+    def tasks(self, since: float | str | None = None) -> list[dict[str, Any]]:
+        """Every task submitted at or after ``since`` (the engine's clock, as the ledger's
+        ``time``), in submission order: node, type, when it was submitted, began (got one of
+        the node's ``node_task_limit`` slots; ``None`` while queued) and ended."""
+        floor = float(since) if since is not None else float("-inf")
+        with self._locked():
+            return [
+                {
+                    "upid": t.upid,
+                    "node": t.node,
+                    "type": t.type,
+                    "submitted": t.submitted,
+                    "startedAt": t.started_at,
+                    "endedAt": t.ended_at,
+                    "exitstatus": t.exitstatus,
+                }
+                for t in self._engine.scheduler.tasks.values()
+                if t.submitted >= floor
+            ]
 
     # --- permissions --------------------------------------------------------------------
 

@@ -96,10 +96,14 @@ class Engine:
         clock: Callable[[], float] | None = None,
         seed: int = 0,
         state: str = "default",
+        node_task_limit: int | None = None,
     ) -> None:
         if not _TOKEN_ID.fullmatch(token_id):
             raise ValueError("token_id must look like USER@REALM!TOKENID")
         self.profile = get_profile(profile, time_scale)
+        if node_task_limit is not None:
+            # A cluster whose nodes take fewer (or more) tasks at once than the profile's.
+            self.profile = self.profile.with_task_limit(node_task_limit)
         self.clock: Callable[[], float] = clock if clock is not None else time.monotonic
         self.manual_clock = isinstance(self.clock, ManualClock)
         self.token_id = token_id

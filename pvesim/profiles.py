@@ -25,7 +25,8 @@ locks serialise clones in practice — research/peers.md §6). ``statd_lag`` is 
 10-second pass: a guest created less than that ago is listed bare in ``/cluster/resources``
 (pve-reference §7.9).
 
-``time_scale`` multiplies every duration and delay (``Profile.scaled``).
+``time_scale`` multiplies every duration and delay (``Profile.scaled``); ``--node-task-limit``
+replaces the profile's ``node_task_limit`` (``Profile.with_task_limit``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class Profile:
             auth_fail_delay=self.auth_fail_delay * factor,
             statd_lag=self.statd_lag * factor,
         )
+
+    def with_task_limit(self, limit: int) -> Profile:
+        """The same profile whose nodes run at most ``limit`` tasks at once."""
+        if int(limit) < 1:
+            raise ValueError("node_task_limit must be at least 1")
+        return replace(self, node_task_limit=int(limit))
 
     def duration(self, task_type: str) -> float:
         """How long a task of ``task_type`` runs once it has a slot."""

@@ -183,6 +183,13 @@ class Simulator:
         entries = self.ledger()
         return max((e["seq"] for e in entries), default=0)
 
+    def tasks(self) -> list[dict[str, Any]]:
+        """Every task the simulator ran: node, type, submitted, startedAt, endedAt (its clock,
+        the ledger's ``time``)."""
+        reply = self._request("GET", f"{self.url}/_sim/tasks")
+        reply.raise_for_status()
+        return list(reply.json()["data"])
+
     def info(self) -> dict[str, Any]:
         reply = self._request("GET", f"{self.url}/_sim/info")
         reply.raise_for_status()
@@ -194,7 +201,12 @@ class Simulator:
 
 
 def start_simulator(
-    workdir: Path, *, profile: str = "fast", time_scale: float = 1.0, log: Path
+    workdir: Path,
+    *,
+    profile: str = "fast",
+    time_scale: float = 1.0,
+    log: Path,
+    extra_args: Sequence[str] = (),
 ) -> Simulator:
     """Start ``python -m pvesim --port 0`` and read its ready line."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +224,7 @@ def start_simulator(
                 str(time_scale),
                 "--workdir",
                 str(workdir),
+                *extra_args,
             ],
             cwd=REPO,
             env=_base_env(),
@@ -690,9 +703,14 @@ def running_stack(
     time_scale: float = 1.0,
     settings_module: str = "proxyhub.settings.production",
     extra_env: Mapping[str, str] | None = None,
+    sim_args: Sequence[str] = (),
+    nodes: Sequence[str] | None = None,
 ) -> Iterator[Stack]:
     """Simulator + fresh database + a Redis database of its own, migrated and with the
-    simulator's catalogue imported; everything is stopped, dropped and flushed on the way out."""
+    simulator's catalogue imported; everything is stopped, dropped and flushed on the way out.
+
+    ``sim_args`` go to ``python -m pvesim`` as they are (``--node-task-limit 3``); ``nodes``
+    imports the cluster with only those of the simulator's nodes (a two-node cluster)."""
     logdir = root / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as cleanup:
@@ -701,7 +719,11 @@ def running_stack(
         database_url = services.create_database(database)
         cleanup.callback(services.drop_database, database)
         sim = start_simulator(
-            root / "pvesim", profile=profile, time_scale=time_scale, log=logdir / "pvesim.log"
+            root / "pvesim",
+            profile=profile,
+            time_scale=time_scale,
+            log=logdir / "pvesim.log",
+            extra_args=sim_args,
         )
         cleanup.callback(sim.stop)
         stack = Stack(
@@ -717,8 +739,24 @@ def running_stack(
         )
         cleanup.callback(stack.stop_processes)
         stack.manage("migrate", "--verbosity", "0")
-        stack.manage("import_catalogue", str(sim.catalogue))
+        catalogue = sim.catalogue
+        if nodes is not None:
+            catalogue = _catalogue_with_nodes(sim.catalogue, nodes, root / "catalogue.yaml")
+        stack.manage("import_catalogue", str(catalogue))
         yield stack
+
+
+def _catalogue_with_nodes(source: Path, nodes: Sequence[str], target: Path) -> Path:
+    """The simulator's catalogue with its cluster's ``nodes`` narrowed to ``nodes``."""
+    import yaml
+
+    document = yaml.safe_load(source.read_text(encoding="utf-8"))
+    unknown = set(nodes) - set(document["nodes"])
+    if unknown:
+        raise StackError(f"the simulator has no node {sorted(unknown)}")
+    document["nodes"] = list(nodes)
+    target.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return target
 
 
 # --- reading the ledger -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ import trustme
 
 from benchmarks import faults, isolation  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
-from benchmarks.floor import fleet_floor
+from benchmarks.floor import create_floor, fleet_floor
 from benchmarks.observe import (
     JournalWatch,
     backoff_summary,
@@ -29,11 +29,16 @@ from benchmarks.observe import (
     log_counts,
     worker_log,
 )
-from benchmarks.record import Figure, record_latest, variant
+from benchmarks.record import Figure, record_latest, record_suite, variant
+from benchmarks.stats import inflight, max_overlap, median, percentile, spread
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import RequestTimeout, classify
 from provisioning.proxmox.http import HttpTransport
+from pvesim.engine import Engine
 from pvesim.faults import Faults
+from pvesim.profiles import get_profile
+from pvesim.protocol import SimRequest
+from pvesim.simulator import Simulator
 
 
 def test_the_floor_of_twenty_proxies_is_the_template_nodes_work() -> None:
@@ -228,3 +233,134 @@ def test_the_worker_log_gives_each_delivery_its_operation_cluster_and_run_time(
     assert (counts["readsRetried"], counts["stepsRetriedInPlace"]) == (1, 2)
     # Two runs again in one delivery: pauses of 0.1 and 0.2 s expected.
     assert counts["inPlacePauseSecondsExpected"] == pytest.approx(0.3)
+
+
+# --- issue 12's suite (benchmarks/suite.py): its floors, statistics and results --------------
+
+
+def test_one_proxy_alone_meets_no_queue_so_its_floor_is_its_critical_path() -> None:
+    # realistic at time scale 0.1: clone 0.2 + upload 0.05 + resize 0.1 + start 0.1, then the
+    # baked agent's boot max(1.5, 2.0) = 2.0.
+    floor = create_floor(profile="realistic", time_scale=0.1)
+    assert floor.seconds == pytest.approx(2.45)
+    assert floor.seconds == floor.critical_path
+
+
+def test_the_capped_makespan_floor_divides_the_template_nodes_work_by_the_cap() -> None:
+    # 60 proxies on two nodes that run 3 tasks each, template on pve1, 30/30:
+    # W_T = 60 * 0.2 + 30 * 0.25 = 19.5 s -> 19.5 / 3 + 2.0 = 8.5 s.
+    floor = fleet_floor(
+        {"pve1": 30, "pve2": 30},
+        template_node="pve1",
+        profile="realistic",
+        time_scale=0.1,
+        node_task_limit=3,
+    )
+    assert floor.seconds == pytest.approx(8.5)
+    assert floor.template_node_bound == pytest.approx(8.5)
+    # The same fleet where nodes take the profile's 4 tasks at once is bound lower.
+    four = fleet_floor(
+        {"pve1": 30, "pve2": 30}, template_node="pve1", profile="realistic", time_scale=0.1
+    )
+    assert four.seconds == pytest.approx(19.5 / 4 + 2.0)
+
+
+def test_the_simulators_task_limit_is_the_one_given_and_never_below_one() -> None:
+    assert get_profile("realistic").with_task_limit(3).node_task_limit == 3
+    assert Engine(profile="fast", node_task_limit=2).profile.node_task_limit == 2
+    with pytest.raises(ValueError, match="at least 1"):
+        get_profile("fast").with_task_limit(0)
+
+
+def test_the_spread_of_repeated_runs_is_their_median_and_range() -> None:
+    assert spread([3.0, 1.0, 2.0]) == {
+        "median": 2.0,
+        "min": 1.0,
+        "max": 3.0,
+        "range": 2.0,
+        "runs": 3,
+        "values": [3.0, 1.0, 2.0],
+    }
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    with pytest.raises(ValueError):
+        spread([])
+
+
+def test_p95_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 21)]  # 1..20
+    assert percentile(values, 95) == 19.0
+    assert percentile(values, 100) == 20.0
+    assert percentile([5.0], 95) == 5.0
+    assert percentile(list(reversed(values)), 50) == 10.0
+
+
+def test_the_most_creates_open_at_once_counts_touching_spans_apart() -> None:
+    assert max_overlap([(0, 2), (1, 3), (2, 4)]) == 2  # the first ends as the third starts
+    assert max_overlap([(0, 10), (1, 2), (1.5, None)]) == 3
+    assert max_overlap([]) == 0
+
+
+def test_the_inflight_series_shows_a_node_over_its_cap_and_never_idle_while_work_waits() -> None:
+    # Five tasks submitted at once to a node that runs two at a time, each 1 s: the client
+    # exceeded a cap of 2 (5 in flight), and the node ran 2 whenever work queued.
+    tasks = [
+        {"node": "pve1", "submitted": 0.0, "startedAt": s, "endedAt": s + 1.0}
+        for s in (0.0, 0.0, 1.0, 1.0, 2.0)
+    ]
+    tasks.append({"node": "pve2", "submitted": 0.5, "startedAt": 0.5, "endedAt": 1.5})
+    nodes = inflight(tasks, cap=2)
+    pve1 = nodes["pve1"]
+    assert (pve1.max_inflight, pve1.max_running, pve1.exceeded_cap) == (5, 2, True)
+    assert pve1.seconds_waiting == pytest.approx(2.0)  # queued from 0 to 2
+    assert pve1.seconds_waiting_below_cap == 0.0
+    assert pve1.seconds_over_cap == pytest.approx(2.0)  # 5, then 3 in flight until t=2
+    assert (pve1.seconds_at_cap, pve1.seconds_busy, pve1.seconds) == (2.0, 3.0, 3.0)
+    assert pve1.series[0] == (0.0, 5, 2)
+    assert pve1.series[-1] == (3.0, 0, 0)
+    assert nodes["pve2"].exceeded_cap is False
+    # A node that idles a slot while a task of ours waits is caught.
+    idle = inflight(
+        [
+            {"node": "pve1", "submitted": 0.0, "startedAt": 0.0, "endedAt": 1.0},
+            {"node": "pve1", "submitted": 0.0, "startedAt": 0.5, "endedAt": 1.5},
+        ],
+        cap=2,
+    )["pve1"]
+    assert idle.seconds_waiting_below_cap == pytest.approx(0.5)
+
+
+def test_the_simulator_lists_every_task_with_its_node_and_times() -> None:
+    engine = Simulator(profile="instant", node_task_limit=1)
+    api = engine.control
+    vmid = api.create_vms(1, start_vmid=5000, node="pve2", tags=None)[0]
+    token = {"authorization": f"PVEAPIToken={engine.token}"}
+    reply = engine.handle(
+        SimRequest("POST", f"/api2/json/nodes/pve2/qemu/{vmid}/status/start", headers=token)
+    )
+    assert reply.status == 200
+    tasks = api.tasks()
+    assert [(t["node"], t["type"]) for t in tasks] == [("pve2", "qmstart")]
+    assert tasks[0]["startedAt"] is not None and tasks[0]["endedAt"] is not None
+
+
+def test_the_suite_writes_its_figures_as_numbers_and_keeps_the_records(tmp_path: Path) -> None:
+    latest = tmp_path / "latest.json"
+    record_latest({"fleet_ratio_20": Figure(2.7, 3.0, "x floor")}, commit="a", path=latest)
+    record_suite(
+        {"makespan_ratio": Figure(3.2, 1.05, "x floor", {"exceededCap": True})},
+        commit="b",
+        path=latest,
+    )
+    record_suite(
+        {"makespan_ratio": Figure(9.9, 1.05, "x floor")},
+        section="suite_smoke",
+        flat=False,
+        commit="c",
+        path=latest,
+    )
+    document = json.loads(latest.read_text())
+    assert document["makespan_ratio"] == 3.2  # the smoke run did not replace the real figure
+    assert document["suite"]["makespan_ratio"]["details"] == {"exceededCap": True}
+    assert document["suite"]["makespan_ratio"]["target"] == 1.05
+    assert document["suite_smoke"]["makespan_ratio"]["value"] == 9.9
+    assert document["fleet_ratio_20"]["value"] == 2.7  # older figures keep their records

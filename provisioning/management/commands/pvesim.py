@@ -56,6 +56,11 @@ class Command(BaseCommand):
             options["profile"],
             "--time-scale",
             repr(options["time_scale"]),
+            *(
+                ["--node-task-limit", str(options["node_task_limit"])]
+                if options["node_task_limit"] is not None
+                else []
+            ),
             "--workdir",
             options["workdir"],
             "--log-level",

@@ -1,0 +1,186 @@
+"""The small statistics the suite reports (benchmarks/suite.py), kept apart so the fast tier can
+check them (tests/unit/test_benchmarks.py) without a stack.
+
+* ``spread``: median and range of repeated runs, so a reader can tell a change from noise;
+* ``percentile``: nearest-rank percentile (p95 of the Celery round trips);
+* ``max_overlap``: the most intervals open at one moment (creates one worker drove at once);
+* ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def median(values: Sequence[float]) -> float:
+    if not values:
+        raise ValueError("median of nothing")
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[mid])
+    return (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def spread(values: Sequence[float], *, digits: int = 3) -> dict[str, Any]:
+    """``{"median", "min", "max", "range", "runs", "values"}`` of repeated measurements."""
+    if not values:
+        raise ValueError("spread of nothing")
+    low, high = min(values), max(values)
+    return {
+        "median": round(median(values), digits),
+        "min": round(low, digits),
+        "max": round(high, digits),
+        "range": round(high - low, digits),
+        "runs": len(values),
+        "values": [round(v, digits) for v in values],
+    }
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile: the smallest value with at least ``pct`` % of values at or
+    below it (p95 of 20 values is the 19th smallest)."""
+    if not values:
+        raise ValueError("percentile of nothing")
+    if not 0 < pct <= 100:
+        raise ValueError("pct must be in (0, 100]")
+    ordered = sorted(values)
+    rank = math.ceil(pct / 100 * len(ordered))
+    return float(ordered[rank - 1])
+
+
+def max_overlap(intervals: Iterable[tuple[float, float | None]]) -> int:
+    """The most intervals ``[start, end)`` open at one moment (``end`` None: still open). An
+    interval ending exactly when another starts does not overlap it."""
+    events: list[tuple[float, int]] = []
+    for start, end in intervals:
+        events.append((start, 1))
+        if end is not None:
+            events.append((end, -1))
+    # Ends before starts at the same instant.
+    events.sort(key=lambda e: (e[0], e[1]))
+    best = current = 0
+    for _, delta in events:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+@dataclass(frozen=True)
+class NodeInflight:
+    """One node's tasks over time: ``series`` is [(t, submitted and not ended, running)] at
+    every change, ``t`` in seconds from the first task's submission."""
+
+    node: str
+    series: list[tuple[float, int, int]]
+    max_inflight: int  # submitted to the node and not ended: what the client put on it
+    max_running: int  # holding one of the node's slots
+    exceeded_cap: bool  # more than ``cap`` submitted at once: the client did not hold back
+    seconds_over_cap: float
+    seconds_waiting: float  # some task of ours queued (in the client or the node)
+    seconds_waiting_below_cap: float  # work waited while fewer than ``cap`` ran: a lost slot
+    seconds_at_cap: float  # ``cap`` tasks (or more) ran: the node fully used
+    seconds_busy: float  # at least one task ran
+    seconds: float  # from ``origin`` to the end
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "maxInflight": self.max_inflight,
+            "maxRunning": self.max_running,
+            "exceededCap": self.exceeded_cap,
+            "secondsOverCap": round(self.seconds_over_cap, 3),
+            "secondsWaiting": round(self.seconds_waiting, 3),
+            "secondsWaitingBelowCap": round(self.seconds_waiting_below_cap, 3),
+            "secondsAtCap": round(self.seconds_at_cap, 3),
+            "secondsBusy": round(self.seconds_busy, 3),
+            "seconds": round(self.seconds, 3),
+            "series": [[round(t, 3), n, r] for t, n, r in self.series],
+        }
+
+
+def inflight(
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    cap: int,
+    origin: float | None = None,
+    end: float | None = None,
+) -> dict[str, NodeInflight]:
+    """Per node, from the simulator's task timeline (``/_sim/tasks``: ``node``, ``submitted``,
+    ``startedAt``, ``endedAt``): how many tasks were on it and how many ran, over time.
+
+    Work waited on a node when one of its tasks was submitted but not yet running (queued by
+    the node). ``seconds_waiting_below_cap`` is the time work waited while fewer than ``cap``
+    tasks ran: zero means the node was at the cap whenever work waited. Steps proxyhub holds
+    back itself, or has not got to yet, are not in this timeline: ``seconds_at_cap`` against
+    the run's makespan shows how much of it the node was kept full.
+    """
+    if origin is None:
+        origin = min((float(t["submitted"]) for t in tasks), default=0.0)
+    out: dict[str, NodeInflight] = {}
+    nodes = sorted({str(t["node"]) for t in tasks})
+    for node in nodes:
+        mine = [t for t in tasks if str(t["node"]) == node]
+        stop = end if end is not None else max(_last_time(t) for t in mine)
+        events: list[tuple[float, int, int, int]] = []  # time, d_inflight, d_running, d_queued
+        for t in mine:
+            submitted = float(t["submitted"])
+            started = t.get("startedAt")
+            ended = t.get("endedAt")
+            events.append((submitted, 1, 0, 1))
+            if started is not None:
+                events.append((float(started), 0, 1, -1))
+            if ended is not None:
+                events.append((float(ended), -1, -1 if started is not None else 0, 0))
+        events.sort(key=lambda e: (e[0], e[1] + e[2]))
+        series: list[tuple[float, int, int]] = []
+        n = r = q = 0
+        max_n = max_r = 0
+        over = waiting = below = at_cap = busy = 0.0
+        last = origin
+        for at, dn, dr, dq in events:
+            at = min(max(at, origin), stop)
+            span = at - last
+            if span > 0:
+                if n > cap:
+                    over += span
+                if r >= cap:
+                    at_cap += span
+                if r > 0:
+                    busy += span
+                if q > 0:
+                    waiting += span
+                    if r < cap:
+                        below += span
+            last = at
+            n, r, q = n + dn, r + dr, q + dq
+            max_n, max_r = max(max_n, n), max(max_r, r)
+            if series and series[-1][0] == at - origin:
+                series[-1] = (at - origin, n, r)
+            else:
+                series.append((at - origin, n, r))
+        out[node] = NodeInflight(
+            node=node,
+            series=series,
+            max_inflight=max_n,
+            max_running=max_r,
+            exceeded_cap=max_n > cap,
+            seconds_over_cap=over,
+            seconds_waiting=waiting,
+            seconds_waiting_below_cap=below,
+            seconds_at_cap=at_cap,
+            seconds_busy=busy,
+            seconds=stop - origin,
+        )
+    return out
+
+
+def _last_time(task: Mapping[str, Any]) -> float:
+    return max(
+        float(v)
+        for v in (task.get("submitted"), task.get("startedAt"), task.get("endedAt"))
+        if v is not None
+    )
