@@ -37,6 +37,7 @@ from django.test import Client
 from django.urls import path
 from pump import Sim
 from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
+from test_admin_bulk import _hidden
 from test_admin_support import (
     PROXY_LIST,
     People,
@@ -139,19 +140,6 @@ def _proxy_form(sim: Sim, name: str, **fields: Any) -> dict[str, Any]:
     }
 
 
-def _bulk_hidden(html: str) -> dict[str, str]:
-    import re
-
-    form = html.split('id="bulk-confirm-form"', 1)[1].split("</form>", 1)[0]
-    out = {}
-    for tag in re.findall(r'<input type="hidden"[^>]*>', form):
-        name = re.search(r'name="([^"]+)"', tag).group(1)  # type: ignore[union-attr]
-        value = re.search(r'value="([^"]*)"', tag)
-        if name != "csrfmiddlewaretoken":
-            out[name] = value.group(1) if value else ""
-    return out
-
-
 def _post_everything(console: Console, anonymous: Client, sim: Sim) -> list[str]:
     """Posts a canary through every form; returns the canaries posted."""
     posted: list[str] = []
@@ -214,7 +202,7 @@ def _post_everything(console: Console, anonymous: Client, sim: Sim) -> list[str]
         },
     )
     assert preview.status_code == 200
-    confirmed = console.post(f"{BULK}confirm/", _bulk_hidden(preview.content.decode()))
+    confirmed = console.post(f"{BULK}confirm/", _hidden(preview.content.decode()))
     assert confirmed.status_code == 302
     bulk_refused = console.post(
         BULK,
