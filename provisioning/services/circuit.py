@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 
 from provisioning.models import CircuitBreaker, CircuitState, Cluster
 from provisioning.proxmox.errors import classify
@@ -61,6 +62,10 @@ WARM_SECONDS = 30.0
 WARM_REFRESH_SECONDS = 10.0
 # How long a probe may take before another delivery may probe instead (its worker may have died).
 PROBE_LOST_SECONDS = 60.0
+# A verdict written from the probe's thread that meets a busy database is tried again this many
+# times, pausing 0.05 s, 0.1 s, 0.2 s ... (about 1.5 s in all) before it is given up and logged.
+VERDICT_WRITE_ATTEMPTS = 6
+VERDICT_WRITE_PAUSE_SECONDS = 0.05
 
 
 def _setting(name: str, default: float) -> float:
@@ -173,11 +178,27 @@ def _probe(cluster: Cluster, *, cold: bool = False) -> Admission:
 
 def _verdict(cluster_id: int, name: str, bound: float, result: ProbeResult) -> Admission:
     """Record what the probe found; whether the step may run."""
+    error = _record(cluster_id, name, bound, result)
+    if error is None:
+        return Admission(True, probe=True)
+    note = f"deferred: cluster {name} is unreachable; {error}"
+    breaker = CircuitBreaker.objects.get(pk=cluster_id)
+    if breaker.state == CircuitState.CLOSED:
+        # Refused, the breaker not yet open: back off as a failed step would.
+        return Admission(
+            False, until=db_now() + timedelta(seconds=policy.backoff(breaker.failures)), note=note
+        )
+    return Admission(False, until=_jittered(breaker.retry_at or db_now()), note=note)
+
+
+def _record(cluster_id: int, name: str, bound: float, result: ProbeResult) -> Exception | None:
+    """Write the probe's verdict to the breaker; the classified error when it failed. Each
+    write is one transaction (or an idempotent update), so a try that raised wrote nothing."""
     if result.error is None:
         log.info("circuit probe answered", extra={"cluster": name})
         breaker = CircuitBreaker.objects.filter(pk=cluster_id).first()
         circuit_record_success(cluster_id=cluster_id, breaker=breaker, now=db_now())
-        return Admission(True, probe=True)
+        return None
     error = classify("probe", result.error)
     log.info("circuit probe failed", extra={"cluster": name, "error": str(error)})
     circuit_record_failure(
@@ -189,26 +210,32 @@ def _verdict(cluster_id: int, name: str, bound: float, result: ProbeResult) -> A
         # sent to it would cost a request timeout, however short the bound was set.
         costly=result.seconds >= bound * 0.9,
     )
-    note = f"deferred: cluster {name} is unreachable; {error}"
-    breaker = CircuitBreaker.objects.get(pk=cluster_id)
-    if breaker.state == CircuitState.CLOSED:
-        # Refused, the breaker not yet open: back off as a failed step would.
-        return Admission(
-            False, until=db_now() + timedelta(seconds=policy.backoff(breaker.failures)), note=note
-        )
-    return Admission(False, until=_jittered(breaker.retry_at or db_now()), note=note)
+    return error
 
 
 def _record_on_probe_thread(cluster_id: int, name: str, bound: float, result: ProbeResult) -> None:
     """The verdict of a probe the delivery did not wait for, written from the probe's thread
-    (with a database connection of its own, closed after)."""
+    (with a database connection of its own, closed after).
+
+    Nobody else will write it (the breaker stays half open until ``PROBE_LOST_SECONDS``), so a
+    write that meets a busy database is tried again, a few times: SQLite refuses a write at once
+    while another connection reads the table in shared-cache mode, and a PostgreSQL connection
+    can drop. Each try wrote nothing when it raised (``_record``)."""
+    if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
+        # A bug, not the cluster: the breaker stays half open until PROBE_LOST_SECONDS pass
+        # and another delivery probes again.
+        log.error("circuit probe broke", exc_info=result.error, extra={"cluster": name})
+        return
     try:
-        if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
-            # A bug, not the cluster: the breaker stays half open until PROBE_LOST_SECONDS pass
-            # and another delivery probes again.
-            log.error("circuit probe broke", exc_info=result.error, extra={"cluster": name})
-            return
-        _verdict(cluster_id, name, bound, result)
+        for attempt in range(VERDICT_WRITE_ATTEMPTS):
+            try:
+                _record(cluster_id, name, bound, result)
+                return
+            except OperationalError:
+                if attempt + 1 == VERDICT_WRITE_ATTEMPTS:
+                    raise
+                connections.close_all()
+                time.sleep(VERDICT_WRITE_PAUSE_SECONDS * 2**attempt)
     except Exception:
         log.exception("circuit probe verdict not recorded", extra={"cluster": name})
     finally:

@@ -5,12 +5,14 @@ page, the proxy list and at /metrics."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import OperationalError, transaction
 from django.test import Client
 from pump import HookedTransport, Pump, Sim, make_cluster
 
@@ -20,7 +22,8 @@ from provisioning.proxmox.api import Call
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.deadline import effective
 from provisioning.proxmox.errors import ConnectFailed, RequestTimeout
-from provisioning.services import operations
+from provisioning.services import circuit, operations
+from provisioning.services.circuit_probe import ProbeResult
 from provisioning.services.clock import db_now
 from provisioning.services.driver import operation_run_step
 from provisioning.services.operations import ProxySpec
@@ -353,9 +356,18 @@ class SlowButAlive:
 
 def _wait_for(condition: Any, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
-    while not condition():
+    while not _holds(condition):
         assert time.monotonic() < end, "the probe's thread never recorded its verdict"
         time.sleep(0.02)
+
+
+def _holds(condition: Any) -> bool:
+    """The condition, read again later when the probe's thread holds the table (SQLite's shared
+    cache refuses a reader at once while a writer holds it)."""
+    try:
+        return bool(condition())
+    except OperationalError:
+        return False
 
 
 @pytest.mark.django_db(transaction=True)
@@ -423,3 +435,32 @@ def test_a_slow_but_live_clusters_probe_closes_the_breaker_from_its_thread_and_t
     op.refresh_from_db()
     assert op.state == OperationState.SUCCEEDED, op.last_error
     assert slow.calls == ["version"]  # warm from the thread's verdict on: no second probe
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_verdict_that_meets_a_busy_breaker_row_is_recorded_once_the_row_frees(
+    dead: tuple[Cluster, Unreachable],
+) -> None:
+    """The probe's thread writes its verdict while another connection holds the breaker's row (a
+    reader's table lock on SQLite, which fails the write at once rather than waiting; a row lock
+    on PostgreSQL, which makes it wait). The verdict is written once the row frees, and once:
+    a CI run lost it to ``database table is locked`` and left the breaker half open."""
+    cluster, _ = dead
+    now = db_now()
+    CircuitBreaker.objects.create(
+        cluster=cluster, state=CircuitState.HALF_OPEN, retry_at=now + timedelta(minutes=1)
+    )
+    silent = ProbeResult(error=RequestTimeout("GET /version: no answer in time"), seconds=1.0)
+    writer = threading.Thread(
+        target=circuit._record_on_probe_thread, args=(cluster.pk, cluster.name, 1.0, silent)
+    )
+    with transaction.atomic():
+        held = CircuitBreaker.objects.select_for_update().get(pk=cluster.pk)
+        assert held.state == CircuitState.HALF_OPEN
+        writer.start()
+        time.sleep(0.4)
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.OPEN
+    assert breaker.failures == 1 and breaker.times_opened == 0
