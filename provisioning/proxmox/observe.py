@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
@@ -232,9 +232,14 @@ def list_managed(
     config: ProxmoxConfig,
     *,
     listing: Sequence[Mapping[str, Any]] | None = None,
+    skip_names: Collection[str] = frozenset(),
     deadline: Deadline | None = None,
 ) -> list[ManagedVM]:
     """Managed VMs of this installation only: one listing plus one config read per candidate.
+
+    ``skip_names`` are VM names the caller has already settled from what it knows (GC: the
+    names of live proxies, which are never garbage whatever their mark says); their config is
+    not read and they are not returned, so a healthy fleet costs the listing alone.
 
     The listing failing fails the call; a candidate whose config cannot be read is skipped
     and logged (a node down, a VM destroyed mid-sweep), unless the deadline ended.
@@ -245,7 +250,7 @@ def list_managed(
         except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
             raise classify("list", err) from err
     found: list[ManagedVM] = []
-    candidates = [e for e in listing if is_candidate(e)]
+    candidates = [e for e in listing if is_candidate(e) and str(e["name"]) not in skip_names]
     for entry in candidates:
         vmid, node, name = int(entry["vmid"]), str(entry["node"]), str(entry["name"])
         try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -174,9 +174,12 @@ class Provider:
         self,
         *,
         listing: Sequence[Mapping[str, Any]] | None = None,
+        skip_names: Collection[str] = frozenset(),
         deadline: Deadline | None = None,
     ) -> list[ManagedVM]:
-        return list_managed(self.api, self.config, listing=listing, deadline=deadline)
+        return list_managed(
+            self.api, self.config, listing=listing, skip_names=skip_names, deadline=deadline
+        )
 
     def list_orphan_seeds(
         self,
