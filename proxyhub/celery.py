@@ -13,6 +13,7 @@ unsafe value.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,10 @@ from django.core import checks
 from proxyhub.settings import select_default_settings_module
 
 select_default_settings_module()
+
+# Celery's own start-up run of every Django check would import the admin console into the
+# worker; the worker runs the checks that concern it instead (proxyhub.worker_checks).
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("proxyhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -42,6 +47,13 @@ def _configure_tracing(**_: Any) -> None:
     from proxyhub.tracing import configure_tracing
 
     configure_tracing("proxyhub-worker")
+
+
+@worker_init.connect
+def _run_worker_checks(**_: Any) -> None:
+    from proxyhub.worker_checks import run_worker_checks
+
+    run_worker_checks()
 
 
 @setup_logging.connect

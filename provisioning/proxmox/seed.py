@@ -27,8 +27,6 @@ from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 from uuid import UUID
 
-import pycdlib
-
 VOLUME_LABEL = "cidata"
 
 # ISO 9660 level 3 names (d-characters only) for the three files; Joliet and Rock Ridge
@@ -229,6 +227,10 @@ def build_seed_iso(
     vendor = vendor_data_for(vendor_data, install_guest_agent=install_guest_agent)
     if vendor is not None:
         files["vendor-data"] = vendor
+
+    # Imported here, not at the top: only the step that builds a seed needs pycdlib, and a
+    # worker's parent process (which never builds one) would otherwise hold it for nothing.
+    import pycdlib
 
     iso = pycdlib.PyCdlib()
     iso.new(
