@@ -153,10 +153,30 @@ def group_rss_kib(pgid: int) -> tuple[int, int]:
     return total, largest
 
 
+def group_pss_kib(pgid: int) -> int:
+    """Proportional set size of process group ``pgid``, summed, in KiB: each page shared by
+    n of its processes counts 1/n in each. Reported beside the RSS sum (never instead of it):
+    a prefork pool process shares its parent's pages, which the RSS sum counts twice."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for line in Path(f"/proc/{entry}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 @contextmanager
 def rss_watch(pgid: int, interval: float = 0.5) -> Iterator[dict[str, int]]:
     """Peak resident memory of a worker (parent and pool processes) while the block runs."""
-    peak = {"sumKiB": 0, "largestKiB": 0, "samples": 0}
+    peak = {"sumKiB": 0, "largestKiB": 0, "pssSumKiB": 0, "samples": 0}
     stop = threading.Event()
 
     def run() -> None:
@@ -164,6 +184,7 @@ def rss_watch(pgid: int, interval: float = 0.5) -> Iterator[dict[str, int]]:
             total, largest = group_rss_kib(pgid)
             peak["sumKiB"] = max(peak["sumKiB"], total)
             peak["largestKiB"] = max(peak["largestKiB"], largest)
+            peak["pssSumKiB"] = max(peak["pssSumKiB"], group_pss_kib(pgid))
             peak["samples"] += 1
             stop.wait(interval)
 
@@ -329,6 +350,7 @@ def measure_concurrency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "maxConcurrentCreates": max_overlap((a, b) for a, b in ops),
         "peakRssMiB": round(peak["sumKiB"] / 1024, 1),
         "peakRssLargestProcessMiB": round(peak["largestKiB"] / 1024, 1),
+        "peakPssMiB": round(peak["pssSumKiB"] / 1024, 1),
         "rssSamples": peak["samples"],
         "wallSeconds": round(run["wall"], 3),
         "floorSeconds": floor.seconds,
@@ -555,7 +577,11 @@ def figures(result: dict[str, Any], details: dict[str, Any]) -> dict[str, Figure
         )
         values["worker_peak_rss_mib"] = (
             cc["peakRssMiB"],
-            {"largestProcessMiB": cc["peakRssLargestProcessMiB"], "proxies": cc["proxies"]},
+            {
+                "largestProcessMiB": cc["peakRssLargestProcessMiB"],
+                "pssMiB": cc.get("peakPssMiB"),
+                "proxies": cc["proxies"],
+            },
         )
     if "reconcile" in result:
         rc, seed = result["reconcile"], result["seed"]
