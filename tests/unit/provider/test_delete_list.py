@@ -15,6 +15,7 @@ from provisioning.proxmox.seed import seed_iso_name
 DESTROY = "DELETE /nodes/{node}/qemu/{vmid}"
 VOLUME = "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
 STOP = "POST /nodes/{node}/qemu/{vmid}/status/stop"
+CONFIG = "GET /nodes/{node}/qemu/{vmid}/config"
 WHEN = datetime(2026, 11, 1, tzinfo=UTC)
 
 
@@ -218,6 +219,17 @@ def test_list_managed_uses_one_listing_and_skips_nameless(world: World) -> None:
     listed = world.provider.list_managed()
     assert [m.name for m in listed] == ["proxy-one"]
     assert world.engine.ledger.count("GET", "GET /cluster/resources") == 1
+
+
+def test_list_managed_reads_no_config_of_a_name_the_caller_settled(world: World) -> None:
+    _created(world, "settled")
+    _created(world, "open")
+    vmids = {m.name: m.vmid for m in world.provider.list_managed()}
+    world.engine.ledger.clear()
+    listed = world.provider.list_managed(skip_names={"proxy-settled"})
+    assert [m.name for m in listed] == ["proxy-open"]
+    assert world.engine.ledger.count("GET", CONFIG, vmid=vmids["proxy-settled"]) == 0
+    assert world.engine.ledger.count("GET", CONFIG, vmid=vmids["proxy-open"]) == 1
 
 
 def test_orphan_seeds_are_this_installations_without_a_vm(world: World) -> None:
