@@ -275,3 +275,24 @@ def test_the_row_checkbox_is_djangos_own_markup(name: str) -> None:
     proxy = Proxy(pk=4242, name=name)
     expected = admin.ModelAdmin.action_checkbox(admin.site._registry[Proxy], proxy)
     assert str(changelist.action_checkbox(proxy)) == str(expected)
+
+
+@pytest.mark.parametrize(
+    ("field", "index"), [("image", "proxy_image_idx"), ("machine_type", "proxy_machine_type_idx")]
+)
+def test_a_rare_machine_type_or_image_is_found_through_its_index(
+    fleet: Cluster, people: People, field: str, index: str
+) -> None:
+    """Migration 0014: the list's machine type and image filters read an index, not the whole
+    table (PostgreSQL's plan for the page's own count query)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the plan is PostgreSQL's")
+    Proxy.objects.filter(name__in=[f"p-0{i:04d}" for i in range(20)]).update(**{field: "rare"})
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE provisioning_proxy")
+    sqls = _captured(people.client("operator"), f"/admin/provisioning/proxy/?{field}=rare")
+    count = next(sql for sql in sqls if sql.startswith('SELECT COUNT(*) AS "__count"'))
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + count)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert index in plan, plan
