@@ -242,11 +242,17 @@ def clusters_without_ready_node() -> list[Cluster]:
     A cluster never checked yet is not listed: nothing is known about it (placement does
     not hold its creates back either).
     """
-    latest = latest_configured().filter(cluster=OuterRef("pk")).order_by()
+    health = ready_node_annotations()
     return list(
-        Cluster.objects.annotate(
-            checked=Exists(latest), any_ready=Exists(latest.filter(ready=True))
-        )
+        Cluster.objects.annotate(checked=health["checked"], any_ready=health["any_ready"])
         .filter(checked=True, any_ready=False)
         .order_by("name")
     )
+
+
+def ready_node_annotations() -> dict[str, Exists]:
+    """``checked`` and ``any_ready`` for a ``Cluster`` queryset: whether its nodes have latest
+    results, and whether one of them found a node ready (the console's proxy list reads them
+    on the clusters it loads anyway, instead of a query of its own)."""
+    latest = latest_configured().filter(cluster=OuterRef("pk")).order_by()
+    return {"checked": Exists(latest), "any_ready": Exists(latest.filter(ready=True))}

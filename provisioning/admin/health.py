@@ -48,6 +48,21 @@ def clusters_without_ready_node() -> list[Cluster]:
     return list(services.clusters_without_ready_node())
 
 
+def cluster_health_annotations() -> dict[str, Any]:
+    """``checked`` and ``any_ready`` for a ``Cluster`` queryset (``healthchecks``' own
+    definitions); nothing without the app."""
+    services = _services()
+    if services is None:
+        return {}
+    return dict(services.ready_node_annotations())
+
+
+def checked_without_ready_node(cluster: Cluster) -> bool:
+    """What ``clusters_without_ready_node`` lists, for a cluster loaded with
+    ``cluster_health_annotations``: checked, and no node found ready."""
+    return bool(getattr(cluster, "checked", False)) and not getattr(cluster, "any_ready", True)
+
+
 def request_check_round() -> bool:
     """Send one health round after commit; ``False`` without the ``healthchecks`` app.
 

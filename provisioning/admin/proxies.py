@@ -26,11 +26,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from provisioning.models import CircuitBreaker, CircuitState, Operation, Proxy
+from provisioning.models import Operation, Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.services import operations
 
-from . import actions, display, health, views
+from . import actions, changelist, display, views
 from .common import (
     CHECK,
     DELETE_VM,
@@ -77,7 +77,14 @@ class ProxyAdmin(GuardedActionsMixin):
         "age",
     )
     list_select_related = ("cluster",)
-    list_filter = ("phase", "cluster", "node", "machine_type", "image")
+    # Filters whose choices cost no scan of the proxy table (changelist.py says why).
+    list_filter = (
+        "phase",
+        ("cluster", changelist.ClusterFilter),
+        ("node", changelist.CatalogueValuesFilter),
+        ("machine_type", changelist.CatalogueValuesFilter),
+        ("image", changelist.CatalogueValuesFilter),
+    )
     search_fields = ("name",)
     search_help_text = (
         "Name (part of it), or exactly a UID, a VMID, or an address (or its start, like 10.0.3.)"
@@ -85,8 +92,11 @@ class ProxyAdmin(GuardedActionsMixin):
     autocomplete_fields = ("cluster",)
     ordering = ("name",)
     list_per_page = 100
-    # The count of all rows on every page is one query; it stays, since an operator reads it.
-    show_full_result_count = True
+    # A filtered list is counted once (the paginator's count), not a second time for the total
+    # of the whole table beside it: at 100,000 proxies each count is a full scan.
+    show_full_result_count = False
+    # The unfiltered count of a big table is PostgreSQL's estimate, shown as one.
+    paginator = changelist.EstimatedCountPaginator
     refused_actions = ("delete_selected",)
     actions = (
         actions.provision,
@@ -145,6 +155,11 @@ class ProxyAdmin(GuardedActionsMixin):
 
     # --- the list ------------------------------------------------------------------------------
 
+    def action_checkbox(self, obj: Proxy) -> SafeString:
+        """Django's row checkbox, the same markup written directly: Django renders it through
+        the form renderer's template, a quarter of the list's render time at 100 rows."""
+        return changelist.action_checkbox(obj)
+
     @admin.display(description="phase", ordering="phase")
     def phase_badge(self, obj: Proxy) -> SafeString:
         return display.phase_badge(obj.phase)
@@ -181,11 +196,11 @@ class ProxyAdmin(GuardedActionsMixin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        # One query over the clusters answers both banners and the cluster filter.
+        banners = changelist.banners(request)
         extra = {
-            "clusters_without_ready_node": health.clusters_without_ready_node(),
-            "clusters_unreachable": list(
-                CircuitBreaker.objects.exclude(state=CircuitState.CLOSED).select_related("cluster")
-            ),
+            "clusters_without_ready_node": banners.without_ready_node,
+            "clusters_unreachable": banners.unreachable,
             "can_bulk_create": self.has_add_permission(request),
             **(extra_context or {}),
         }
