@@ -645,11 +645,13 @@ class CreateMachine(StepMachine[CreateRequest]):
         # Warm with the start's wait having just seen it run (issue 12): step 9 is met by that
         # read; a cold record reads the status again.
         seen = warm(progress) and progress.get("seen_running")
+        # Only the start's wait may vouch, once: a record this stage writes never does.
+        progress = dict(progress, seen_running=None)
         status = {} if seen else self.api.vm_status(node, vmid, deadline=deadline)
         if seen or (status.get("status") == "running" and status.get("qmpstatus") == "running"):
             return StepResult(
                 "done",
-                advance(progress, "done", seen_running=None),
+                advance(progress, "done"),
                 "running",
                 provider_id=format_provider_id(vmid, req.vm_name),
                 message=f"VM {vmid} is running on {node}",
