@@ -1,13 +1,14 @@
 """Requests per create and per delete for the bare provider over the HTTPS simulator.
 
 No Django, no worker, no journal: ``provisioning.proxmox.provider.Provider`` over the real
-``HttpTransport`` against ``python -m pvesim --profile fast``, driven the blocking way
-(``Provider.create`` to a running VM, then ``Provider.get`` until the guest agent reports an
-address, then the seed release that follows the address by default (issue 11:
-``Provider.release_seed_step`` until done), then ``Provider.delete``). Counts come from the
-simulator's ledger, split into mutations (POST/PUT/DELETE), polls (reads repeated while a task
-or a boot runs: task status, VM status, guest agent) and other reads (listing, configs, task
-lists, storage).
+``HttpTransport`` against ``python -m pvesim --profile fast``, driven the way the service's
+runner drives it: ``Provider.create_step`` to a running VM, then ``Provider.observe_boot`` (else
+``Provider.get``) until the guest agent reports an address, then the seed release that follows
+the address by default (issue 11: ``Provider.release_seed_step`` until done), then
+``Provider.delete``. Counts come from the simulator's ledger, split into mutations
+(POST/PUT/DELETE), polls (reads repeated while a task or a boot runs: task status, VM status,
+guest agent) and other reads (listing, configs, task lists, storage). Issue 12's requests per
+create are ``toRunning`` (create to Running with an address) and ``toRunningWithRelease``.
 
 The create's polls depend on the poll interval (``Budgets.poll_interval``, 1 s by default,
 the setting ``PROXYHUB_POLL_INTERVAL_SECONDS`` in the service) against the profile's task
@@ -82,23 +83,34 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
     addresses: list[dict[str, int]] = []
     deletes: list[dict[str, int]] = []
     releases: list[dict[str, int]] = []
+    to_running: list[dict[str, int]] = []
+    with_release: list[dict[str, int]] = []
     nodes = provider.config.nodes
     for i in range(repeats):
         uid = str(uuid.uuid4())
         name = f"proxy-prq-{poll_interval:g}-{i}".replace(".", "-")
         before = sim.last_seq()
-        provider_id = provider.create(
-            CreateRequest(
-                uid=uid,
-                vm_name=name,
-                machine_type="small",
-                image="debian-13",
-                zone=nodes[i % len(nodes)],
-                cloud_init=b"#cloud-config\n",
-            )
+        req = CreateRequest(
+            uid=uid,
+            vm_name=name,
+            machine_type="small",
+            image="debian-13",
+            zone=nodes[i % len(nodes)],
+            cloud_init=b"#cloud-config\n",
         )
+        # Step by step, as the service's runner does, so the record is at hand for the boot
+        # watch (``observe_boot``, else ``get``) that follows.
+        record = provider.new_create_progress()
+        while (created := provider.create_step(req, record)).status != "done":
+            assert created.status != "error", created.error
+            record = created.progress
+            time.sleep(created.delay)
+        provider_id, record = str(created.provider_id), created.progress
         after_create = sim.last_seq()
-        while provider.get(provider_id).state != "Running":
+        while (
+            provider.observe_boot(provider_id, record, uid=uid)
+            or provider.get(provider_id, node=str(record["node"]))
+        ).state != "Running":
             time.sleep(poll_interval)
         after_address = sim.last_seq()
         vmid = int(provider_id.split("/")[1])
@@ -117,6 +129,8 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
         release_calls = [e for e in entries if after_address < e["seq"] <= after_release]
         creates.append(_split(create_calls))
         addresses.append(_split([e for e in entries if after_create < e["seq"] <= after_address]))
+        to_running.append(_split([e for e in entries if e["seq"] <= after_address]))
+        with_release.append(_split([e for e in entries if e["seq"] <= after_release]))
         releases.append(_split(release_calls))
         deletes.append(_split(delete_calls))
         by_endpoint = {
@@ -136,6 +150,9 @@ def measure(sim: Simulator, *, poll_interval: float, repeats: int) -> dict[str, 
         "repeats": repeats,
         "create": mean(creates),
         "addressAfterCreate": mean(addresses),
+        # Issue 12's requests per create: to Running with an address, and with the release.
+        "toRunning": mean(to_running),
+        "toRunningWithRelease": mean(with_release),
         "seedRelease": mean(releases),
         "delete": mean(deletes),
         "lastRepeatByEndpoint": by_endpoint,
@@ -165,6 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.append(run)
                 c, a, d = run["create"], run["addressAfterCreate"], run["delete"]
                 r = run["seedRelease"]
+                t, w = run["toRunning"], run["toRunningWithRelease"]
+                print(
+                    f"poll {interval:g} s: to Running {t['total']:.1f} requests "
+                    f"({t['mutations']:.1f} mutations, {t['polls']:.1f} polls, "
+                    f"{t['otherReads']:.1f} other reads), {w['total']:.1f} with the seed release"
+                )
                 print(
                     f"poll {interval:g} s: create {c['total']:.1f} requests "
                     f"({c['mutations']:.1f} mutations, {c['polls']:.1f} polls, "
@@ -190,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in runs:
             interval = f"{run['pollIntervalSeconds']:g}s"
             for what, key in (
+                ("toRunning", "create_to_running"),
+                ("toRunningWithRelease", "create_with_release"),
                 ("create", "create"),
                 ("seedRelease", "seed_release"),
                 ("delete", "delete"),

@@ -39,13 +39,16 @@ from .marks import complete_mark, render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name, seed_volid
-from .steps import Progress, StepMachine, StepResult, advance, fail, permanent
+from .steps import Progress, StepMachine, StepResult, advance, fail, permanent, warm
 from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
 OP = "create"
+# How old the lookup's listing may be for the clone to trust it instead of asking
+# ``/cluster/nextid`` again (a warm record only: see ``_clone``).
+LISTING_FRESH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                         template_vmid=template_vmid,
                         template_node=template_node,
                         created_at=created_at,
+                        listed_at=self.clock(),
                     ),
                     "lookup",
                     message=f"VMID {vmid} is free (attempt {attempt})",
@@ -330,7 +334,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         description = render_mark(
             req.uid, _parse_rfc3339(progress["created_at"]), self.config.installation_id
         )
-        if self._taken(vmid, deadline):
+        if not self._listing_fresh(progress) and self._taken(vmid, deadline):
             # Taken since the listing, maybe by our own clone whose reply was lost: Proxmox's
             # own refusal only sees the template's node, and a clone that already moved to
             # another node would be accepted twice. The ownership check decides (entry 2).
@@ -375,6 +379,19 @@ class CreateMachine(StepMachine[CreateRequest]):
             upid=upid,
             submitted=True,
             message=f"cloning template {progress['template_vmid']} to VM {vmid}",
+        )
+
+    def _listing_fresh(self, progress: Progress) -> bool:
+        """Whether the lookup's listing still vouches that the VMID is free (issue 12): the
+        record is warm (this process wrote it, so no clone of ours was sent since) and the
+        listing is seconds old, no older than a ``nextid`` answer would be by the time the clone
+        arrives. A cold record (a resumed step, a lost reply, an older record without
+        ``listed_at``) asks ``nextid`` as before."""
+        listed = progress.get("listed_at")
+        return (
+            warm(progress)
+            and isinstance(listed, int | float)
+            and 0 <= self.clock() - listed <= LISTING_FRESH_SECONDS
         )
 
     def _taken(self, vmid: int, deadline: Deadline | None) -> bool:
@@ -518,7 +535,9 @@ class CreateMachine(StepMachine[CreateRequest]):
         stage = "resize" if resize else "start"
         return StepResult(
             "continue",
-            advance(progress, stage, resize=resize),
+            # net0's MAC: the guest agent's answer names it, which is how the address stage
+            # knows the VM answering is still this one without reading its config (issue 12).
+            advance(progress, stage, resize=resize, mac=net0_mac(wanted.get("net0") or config)),
             "configure",
             submitted=bool(changes),
             message="configured "
@@ -530,8 +549,13 @@ class CreateMachine(StepMachine[CreateRequest]):
     ) -> StepResult:
         vmid, node = int(progress["vmid"]), str(progress["node"])
         resize = progress.get("resize") or {}
-        config = self.api.vm_config(node, vmid, deadline=deadline)
-        size = disk_size_bytes(config.get(resize.get("disk", ""), ""))
+        # Warm (issue 12): the configure step just read the size and decided, and no resize of
+        # ours was sent since; only a cold record reads the size back (a resize whose reply or
+        # record was lost may have grown it already).
+        size = None
+        if not warm(progress):
+            config = self.api.vm_config(node, vmid, deadline=deadline)
+            size = disk_size_bytes(config.get(resize.get("disk", ""), ""))
         target = gib(int(str(resize.get("size", "0G")).rstrip("G")))
         if size is not None and size >= target:
             # Grown already (a resize submitted by a round whose reply was lost): never shrink.
@@ -564,11 +588,15 @@ class CreateMachine(StepMachine[CreateRequest]):
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
         vmid, node = int(progress["vmid"]), str(progress["node"])
-        status = self.api.vm_status(node, vmid, deadline=deadline)
-        if status.get("status") == "running":
-            return StepResult(
-                "continue", advance(progress, "running"), "start", message="already running"
-            )
+        # Warm (issue 12): the VM is the stopped clone this create configured, and no start of
+        # ours was sent since. Started by someone else meanwhile, the start task fails and
+        # ``_start_wait`` finds it running, which is the outcome wanted.
+        if not warm(progress):
+            status = self.api.vm_status(node, vmid, deadline=deadline)
+            if status.get("status") == "running":
+                return StepResult(
+                    "continue", advance(progress, "running"), "start", message="already running"
+                )
         return self.submit_task(
             progress,
             "start",
@@ -596,14 +624,31 @@ class CreateMachine(StepMachine[CreateRequest]):
                 )
             return fail(advance(progress, "start"), "start_wait", err, op=OP)
 
+        # The VM's state first (issue 12): a start takes about as long as one poll interval, so
+        # the first look usually finds the VM running, which is what step 9 waits for; the
+        # task's own status is read only while it does not run yet.
+        status = self.api.vm_status(node, vmid, deadline=deadline)
+        if status.get("status") == "running" and status.get("qmpstatus") == "running":
+            return StepResult(
+                "continue",
+                advance(progress, "running", seen_running=True),
+                "start_wait",
+                upid=progress.get("upid"),
+                message=f"VM {vmid} runs",
+            )
         return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
     def _running(
         self, req: CreateRequest, progress: Progress, deadline: Deadline | None
     ) -> StepResult:
         vmid, node = int(progress["vmid"]), str(progress["node"])
-        status = self.api.vm_status(node, vmid, deadline=deadline)
-        if status.get("status") == "running" and status.get("qmpstatus") == "running":
+        # Warm with the start's wait having just seen it run (issue 12): step 9 is met by that
+        # read; a cold record reads the status again.
+        seen = warm(progress) and progress.get("seen_running")
+        # Only the start's wait may vouch, once: a record this stage writes never does.
+        progress = dict(progress, seen_running=None)
+        status = {} if seen else self.api.vm_status(node, vmid, deadline=deadline)
+        if seen or (status.get("status") == "running" and status.get("qmpstatus") == "running"):
             return StepResult(
                 "done",
                 advance(progress, "done"),
@@ -627,6 +672,14 @@ class CreateMachine(StepMachine[CreateRequest]):
         return StepResult(
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
         )
+
+
+def net0_mac(source: Mapping[str, str] | str) -> str | None:
+    """The MAC of ``net0`` (``virtio=BC:24:11:D2:47:9A,bridge=...``), upper case; None without."""
+    value = source if isinstance(source, str) else source.get("net0", "")
+    model = str(value).split(",", 1)[0]
+    _, sep, mac = model.partition("=")
+    return mac.strip().upper() if sep and mac.strip() else None
 
 
 def _rfc3339(epoch: float) -> str:

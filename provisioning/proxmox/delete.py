@@ -28,7 +28,7 @@ from .ids import parse_provider_id
 from .marks import parse_mark
 from .ownership import is_missing
 from .seed import legacy_seed_iso_name, seed_iso_name, seed_volid
-from .steps import Progress, StepMachine, StepResult, advance, fail
+from .steps import Progress, StepMachine, StepResult, advance, fail, warm
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -192,6 +192,13 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         if isinstance(checked, StepResult):
             return checked
         vmid, node = int(progress["vmid"]), str(progress["node"])
+        if warm(progress):
+            # Issue 12: the step before just saw the run state this stage follows from (the
+            # listing said running, so ``stop``; the stop task ended, or the VM was stopped, so
+            # ``destroy``), and nothing of ours was sent since. Wrong only if someone started
+            # or stopped it meanwhile: Proxmox then refuses the destroy of a running VM, or
+            # stops a stopped one, and the retry, cold, reads the status.
+            return "running" if progress["stage"] == "stop" else "stopped"
         try:
             status = self.api.vm_status(node, vmid, deadline=deadline)
         except ApiError as err:
@@ -214,15 +221,21 @@ class DeleteMachine(StepMachine[DeleteRequest]):
                 "continue", advance(progress, "destroy"), "stop", message="already stopped"
             )
         # Stop (not shutdown): it works on a paused VM too, which the listing shows as running.
-        return self.submit_task(
-            progress,
-            "stop",
-            "stop_wait",
-            "qmstop",
-            lambda: self.api.stop(node, vmid, deadline=deadline),
-            f"stopping VM {vmid}",
-            deadline,
-        )
+        try:
+            return self.submit_task(
+                progress,
+                "stop",
+                "stop_wait",
+                "qmstop",
+                lambda: self.api.stop(node, vmid, deadline=deadline),
+                f"stopping VM {vmid}",
+                deadline,
+            )
+        except ApiError as err:
+            if is_missing(err):
+                # Gone since the recheck (a warm stop reads no status that would have said so).
+                return self._seeds_on(req, progress, "stop", node, f"VM {vmid} is gone")
+            raise
 
     def _stop_wait(
         self, req: DeleteRequest, progress: Progress, deadline: Deadline | None

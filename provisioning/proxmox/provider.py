@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .api import Api
+from .boot import observe_boot
 from .budgets import Budgets
 from .checker import NodeCheck
 from .checker import check as check_nodes
@@ -169,6 +170,24 @@ class Provider:
         deadline: Deadline | None = None,
     ) -> Instance:
         return get(self.api, provider_id, listing=listing, node=node, deadline=deadline)
+
+    def observe_boot(
+        self,
+        provider_id: str,
+        record: Mapping[str, Any],
+        *,
+        uid: str,
+        deadline: Deadline | None = None,
+    ) -> Instance | None:
+        """One agent read for a VM this create just started (``boot``); None: use ``get``."""
+        return observe_boot(
+            self.api,
+            provider_id,
+            record,
+            uid=uid,
+            installation=self.config.installation_id,
+            deadline=deadline,
+        )
 
     def list_managed(
         self,

@@ -35,7 +35,7 @@ from .errors import ApiError, TaskFailed
 from .marks import parse_mark
 from .ownership import is_missing
 from .seed import seed_iso_name, seed_volid
-from .steps import Progress, StepMachine, StepResult, advance, fail
+from .steps import Progress, StepMachine, StepResult, advance, fail, warm
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -112,7 +112,7 @@ class ReleaseMachine(StepMachine[ReleaseRequest]):
         self.api.set_vm_config(req.node, req.vmid, drives, deadline=deadline)
         return StepResult(
             "continue",
-            advance(progress, "remove"),
+            advance(progress, "remove", ejected=True),
             "eject",
             submitted=True,
             message=f"ejected the seed from {', '.join(sorted(drives))}",
@@ -135,7 +135,12 @@ class ReleaseMachine(StepMachine[ReleaseRequest]):
     ) -> StepResult:
         volid = self.volid(req)
         node = req.seed_node
-        settled = self._read_back(node, volid, progress, deadline)
+        # Warm after an eject that found our seed attached (issue 12): this process wrote the
+        # record, so no delete of ours was sent since, and the seed the VM held is there; the
+        # read-back is skipped. A cold record, or an eject that found no seed attached (a release
+        # run again, say), reads back first.
+        known = warm(progress) and progress.get("ejected")
+        settled = None if known else self._read_back(node, volid, progress, deadline)
         if settled is not None:
             return settled
         upid = self.api.delete_volume(node, self.config.iso_storage, volid, deadline=deadline)

@@ -12,7 +12,10 @@ step polling it; a record holding a UPID is only ever polled, never submitted ag
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -38,6 +41,53 @@ Progress = dict[str, Any]
 Req = TypeVar("Req")
 # What a stage may raise besides a classified error: Proxmox's and the deadline's failures.
 FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
+
+# The record's key for its ticket, and the key a stage reads to know the record is warm.
+TICKET = "ticket"
+WARM = "warm"
+# How many unconsumed tickets a machine remembers (one per operation in flight in this process;
+# an operation whose next step runs in another process leaves one behind, so the oldest go).
+TICKETS_KEPT = 4096
+
+
+class Tickets:
+    """What this process knows about the records its machine returned (issue 12).
+
+    A record returned by a step that ended without error gets a fresh ticket, remembered here.
+    A step given a record whose ticket is remembered takes the ticket (once): the record is
+    *warm*, meaning this very process wrote it and no step has run from it since, so nothing of
+    ours reached Proxmox after it. Its stage may then skip the reads that only guard against an
+    unrecorded mutation of our own (a worker that died after submitting, before its record was
+    saved): the node's task list before a submission, a status the previous step just saw.
+
+    Everything else is *cold*: a record from another process, from before a restart, an error
+    record, or a record run a second time (its ticket was taken by the first run, so a step that
+    crashed, or whose result could not be saved, is always followed by the read-backs). Memory
+    dies with the process, which is exactly when a step may have been cut off mid-mutation."""
+
+    def __init__(self, kept: int = TICKETS_KEPT) -> None:
+        self._kept = kept
+        self._held: OrderedDict[str, None] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def issue(self) -> str:
+        ticket = secrets.token_hex(8)
+        with self._guard:
+            self._held[ticket] = None
+            while len(self._held) > self._kept:
+                self._held.popitem(last=False)
+        return ticket
+
+    def take(self, ticket: object) -> bool:
+        if not isinstance(ticket, str):
+            return False
+        with self._guard:
+            return self._held.pop(ticket, False) is None
+
+
+def warm(progress: Progress) -> bool:
+    """Whether the stage runs from a record this process just wrote (``Tickets``)."""
+    return bool(progress.get(WARM))
 
 
 @dataclass
@@ -173,6 +223,7 @@ def submit_once(
     op: str,
     clock: Callable[[], float] = time.time,
     deadline: Deadline | None = None,
+    warm: bool = False,
 ) -> StepResult:
     """Submit a VM task, unless it is already there: then adopt its UPID as the receipt.
 
@@ -183,10 +234,14 @@ def submit_once(
       is ours, running or already ended;
     * a worker died after submitting, before its record was saved: the task is still running.
 
-    Either way the result carries the UPID and the next stage polls it.
+    Either way the result carries the UPID and the next stage polls it. A ``warm`` record
+    (``Tickets``) without ``known_tasks`` rules out both: nothing of ours was sent since it was
+    written, so the node's task list is not read (issue 12: no redundant reads).
     """
-    tasks = vm_tasks(api, node, vmid, task_type, deadline=deadline)
     known = progress.get("known_tasks")
+    tasks = (
+        [] if warm and known is None else vm_tasks(api, node, vmid, task_type, deadline=deadline)
+    )
     upid: str | None = None
     if known is not None:
         fresh = [t for t in tasks if t["upid"] not in known]
@@ -237,8 +292,19 @@ class StepMachine(Generic[Req]):
         self.config = config
         self.budgets = budgets
         self.clock = clock
+        self.tickets = Tickets()
 
     def step(self, req: Req, progress: Progress, *, deadline: Deadline | None = None) -> StepResult:
+        """Run the record's stage once. The record the result carries is warm for this machine's
+        next step only when the step ended without error (``Tickets``)."""
+        is_warm = self.tickets.take(progress.get(TICKET))
+        result = self._run(req, _warmed(progress, is_warm), deadline)
+        result.progress = {k: v for k, v in result.progress.items() if k not in (TICKET, WARM)}
+        if result.status in ("continue", "wait"):
+            result.progress[TICKET] = self.tickets.issue()
+        return result
+
+    def _run(self, req: Req, progress: Progress, deadline: Deadline | None) -> StepResult:
         stage = progress.get("stage", self.first_stage)
         handler = getattr(self, f"_{stage}", None)
         if handler is None:
@@ -323,4 +389,12 @@ class StepMachine(Generic[Req]):
             op=self.op,
             clock=self.clock,
             deadline=deadline,
+            warm=warm(progress),
         )
+
+
+def _warmed(progress: Progress, is_warm: bool) -> Progress:
+    out = {k: v for k, v in progress.items() if k not in (TICKET, WARM)}
+    if is_warm:
+        out[WARM] = True
+    return out

@@ -143,8 +143,16 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
     """Boot to address: poll ``get`` until the guest agent reports an IPv4 (entry 7)."""
     proxy = _proxy(op)
     try:
-        # The node is known (the create just started the VM there): no listing per poll.
-        instance = provider.get(proxy.provider_id, node=proxy.node or None)
+        # A VM this create started is watched with one agent read a look (issue 12); what that
+        # read cannot settle, and every other VM, gets the full read. The node is known (the
+        # create just started the VM there): no listing per poll.
+        instance = None
+        if op.kind in (OperationKind.CREATE, OperationKind.REPLACE):
+            instance = provider.observe_boot(
+                proxy.provider_id, progress.get("create") or {}, uid=str(proxy.uid)
+            )
+        if instance is None:
+            instance = provider.get(proxy.provider_id, node=proxy.node or None)
     except NotFoundError:
         # The VM vanished after it started: create it again from the lookup.
         progress.pop("create", None)

@@ -141,7 +141,9 @@ def test_delete_of_a_vm_gone_between_its_config_and_status_reads_goes_on(
         return status(node, vmid_, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(world.provider.api, "vm_status", destroyed_meanwhile)
-    gone = world.step(lambda p: world.provider.delete_step(req, p), first.progress)
+    # A lost reply leaves a cold record (issue 12): a fresh provider reads the status back.
+    resumed = world.fresh_provider()
+    gone = world.step(lambda p: resumed.delete_step(req, p), first.progress)
     assert gone.status == "continue" and gone.progress["stage"] == "seed", gone.error
     assert f"VM {vmid} is gone" in gone.message
     done = world.drive(lambda p: world.provider.delete_step(req, p), gone.progress)

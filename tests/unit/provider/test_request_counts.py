@@ -1,0 +1,125 @@
+"""Requests per create, seed release and delete, counted by the simulator's ledger (issue 12).
+
+The warm path a worker runs when each step follows the record the same process just wrote
+(``steps.Tickets``): ``realistic`` timings at ``time_scale`` 0.1 (the benchmark suite's), the
+default budgets (``Budgets()``: task and status polls every 1 s) and the service's default
+address poll (``PROXYHUB_ADDRESS_POLL_SECONDS``, 3 s, as ``services/runners.py`` drives it:
+``observe_boot``, else ``get``). The counts are exact so that a read coming back fails here;
+duration-aware waits change the polls, and these numbers with them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+
+from provider_world import INSTALLATION, catalogue
+
+from provisioning.proxmox.budgets import Budgets
+from provisioning.proxmox.config import ProxmoxConfig
+from provisioning.proxmox.create import CreateRequest
+from provisioning.proxmox.delete import DeleteRequest
+from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.release import ReleaseRequest
+from provisioning.proxmox.steps import Progress, StepResult
+from pvesim.clock import ManualClock
+from pvesim.simulator import Simulator
+from tests.support.simtransport import sim_api
+
+ADDRESS_POLL = 3.0  # the service's default PROXYHUB_ADDRESS_POLL_SECONDS
+AGENT = "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"
+TASK = "GET /nodes/{node}/tasks/{upid}/status"
+STATUS = "GET /nodes/{node}/qemu/{vmid}/status/current"
+
+
+def _drive(engine: Simulator, step: object, progress: Progress) -> StepResult:
+    while True:
+        result: StepResult = step(progress)  # type: ignore[operator]
+        progress = result.progress
+        if result.status == "wait":
+            engine.control.advance(result.delay)
+        if result.status in ("done", "error"):
+            assert result.status == "done", result.error
+            return result
+
+
+def _lifecycle() -> dict[str, Counter[str]]:
+    clock = ManualClock(start=1_800_000_000.0)
+    api, engine = sim_api(profile="realistic", time_scale=0.1, clock=clock)
+    config = ProxmoxConfig.from_mapping(catalogue(), installation_id=INSTALLATION)
+    provider = Provider(api, config, budgets=Budgets(), clock=clock)
+    req = CreateRequest(
+        uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, "counted")),
+        vm_name="proxy-counted",
+        machine_type="small",  # 10 GiB on a 3 GiB template: the resize runs
+        image="debian-13",
+        zone="pve1",
+        cloud_init=b"#cloud-config\n",
+    )
+    phases: dict[str, Counter[str]] = {}
+    seen = 0
+
+    def close(phase: str) -> None:
+        nonlocal seen
+        calls = engine.ledger.calls()
+        phases[phase] = Counter(str(e.key) for e in calls[seen:])
+        seen = len(calls)
+
+    created = _drive(engine, lambda p: provider.create_step(req, p), provider.new_create_progress())
+    record, pid = created.progress, str(created.provider_id)
+    while True:
+        instance = provider.observe_boot(pid, record, uid=req.uid) or provider.get(
+            pid, node=str(record["node"])
+        )
+        if instance.state == "Running":
+            break
+        engine.control.advance(ADDRESS_POLL)
+    close("create")
+    release = ReleaseRequest(req.vm_name, req.uid, int(record["vmid"]), "pve1", "pve1")
+    _drive(
+        engine, lambda p: provider.release_seed_step(release, p), provider.new_release_progress()
+    )
+    close("release")
+    delete = DeleteRequest.from_provider_id(pid, req.uid)
+    _drive(engine, lambda p: provider.delete_step(delete, p), provider.new_delete_progress())
+    close("delete")
+    return phases
+
+
+PHASES = _lifecycle()
+
+
+def _mutations(calls: Counter[str]) -> int:
+    return sum(n for key, n in calls.items() if not key.startswith("GET "))
+
+
+def test_a_create_reaches_running_in_at_most_15_requests_polls_included() -> None:
+    calls = PHASES["create"]
+    assert sum(calls.values()) == 14 <= 15, calls
+    assert _mutations(calls) == 5  # clone, upload, the config write, resize, start
+    # Polls: one per task (clone, upload, resize), the start's wait on the VM's status, and
+    # two looks at the agent (the address comes about 2 s after the start).
+    assert (calls[TASK], calls[STATUS], calls[AGENT]) == (3, 1, 2), calls
+    # The other reads: the listing, the template's config, the clone's config before the write.
+    assert calls["GET /cluster/resources"] == 1
+    assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == 2
+    assert calls["GET /cluster/nextid"] == calls["GET /nodes/{node}/tasks"] == 0
+
+
+def test_the_seed_release_after_boot_costs_four_requests() -> None:
+    calls = PHASES["release"]
+    assert sum(calls.values()) == 4, calls
+    assert _mutations(calls) == 2  # the eject and the volume delete
+    assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == calls[TASK] == 1
+
+
+def test_a_delete_of_a_running_vm_costs_ten_requests() -> None:
+    calls = PHASES["delete"]
+    assert sum(calls.values()) == 10, calls
+    assert _mutations(calls) == 3  # stop, destroy, seed delete
+    assert calls[TASK] == 3
+    # The listing, then the config before each of stop and destroy (a reused VMID is never
+    # touched, CAPMOX #856): those stay; the status and task-list reads went.
+    assert calls["GET /cluster/resources"] == 1
+    assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == 3
+    assert calls[STATUS] == calls["GET /nodes/{node}/tasks"] == 0
