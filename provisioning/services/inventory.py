@@ -110,15 +110,15 @@ def _replace(cluster: Cluster, inventory: Inventory, started: datetime) -> int:
                 InventoryGuest(
                     cluster=cluster,
                     vmid=g.vmid,
-                    name=g.name,
-                    node=g.node,
+                    name=_fit(g.name, "name"),
+                    node=_fit(g.node, "node"),
                     type=g.type,
-                    status=g.status,
-                    lock=g.lock,
-                    tags=";".join(g.tags),
-                    hastate=g.hastate,
+                    status=_fit(g.status, "status"),
+                    lock=_fit(g.lock, "lock"),
+                    tags=_fit(";".join(g.tags), "tags"),
+                    hastate=_fit(g.hastate, "hastate"),
                     template=g.template,
-                    pool=g.pool,
+                    pool=_fit(g.pool, "pool"),
                     owner=g.owner,
                     mark_read=g.mark_read,
                     refreshed_at=started,
@@ -136,6 +136,13 @@ def _replace(cluster: Cluster, inventory: Inventory, started: datetime) -> int:
         record.error = ""
         record.save()
     return len(inventory.guests)
+
+
+def _fit(value: str, field: str) -> str:
+    """``value`` cut to its column: an odd value on one guest (a very long tag list) must not
+    make PostgreSQL refuse the whole snapshot."""
+    limit = InventoryGuest._meta.get_field(field).max_length
+    return value[:limit] if limit else value
 
 
 def _record_failure(cluster: Cluster, started: datetime, message: str) -> None:

@@ -84,6 +84,29 @@ def test_refresh_takes_every_guest_and_replaces_the_snapshot(pump: Pump, sim: Si
     assert second.refreshed_at > first.refreshed_at and second.count == 8
 
 
+def test_an_older_refresh_finishing_last_does_not_overwrite_a_newer_snapshot(sim: Sim) -> None:
+    """Two refreshes of one cluster overlap (Beat's and an operator's ``--refresh``): the one
+    whose listing is older must not replace the snapshot the newer one wrote."""
+
+    def newer_refresh(_: Any) -> None:
+        # The first refresh has its listing; the cluster changes and a second refresh runs.
+        sim.engine.control.create_vms(1, start_vmid=4000, tags=None, name_prefix="late-")
+        inventory_refresh(cluster=sim.cluster)
+
+    sim.after(LISTING, newer_refresh)
+    inventory_refresh(cluster=sim.cluster)
+    assert 4000 in _owners(sim.cluster)
+    assert InventoryRefresh.objects.get(cluster=sim.cluster).count == 8
+
+
+def test_an_oversized_value_is_cut_to_its_column_not_refused(sim: Sim) -> None:
+    tags = ";".join(f"tag-{i:04d}" for i in range(150))  # 1,349 characters
+    sim.api.set_vm_config("pve1", 100, {"tags": tags})
+    assert inventory_refresh(cluster=sim.cluster).error == ""
+    stored = InventoryGuest.objects.get(cluster=sim.cluster, vmid=100).tags
+    assert len(stored) == 1024 and tags.startswith(stored)
+
+
 def test_one_listing_per_cluster(sim: Sim) -> None:
     other = make_cluster("second")  # the same simulator answers for both (pump's factory)
     sim.engine.ledger.clear()
