@@ -141,8 +141,8 @@ def _replace(cluster: Cluster, inventory: Inventory, started: datetime) -> int:
 def _fit(value: str, field: str) -> str:
     """``value`` cut to its column: an odd value on one guest (a very long tag list) must not
     make PostgreSQL refuse the whole snapshot."""
-    limit = InventoryGuest._meta.get_field(field).max_length
-    return value[:limit] if limit else value
+    limit = getattr(InventoryGuest._meta.get_field(field), "max_length", None)
+    return value[:limit] if isinstance(limit, int) else value
 
 
 def _record_failure(cluster: Cluster, started: datetime, message: str) -> None:
