@@ -3,9 +3,11 @@ reads it (pve-reference §7.9; the example is ``examples/cluster_resources_vm.js
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from provisioning.proxmox.api import Api
+from pvesim.protocol import SimRequest
 from pvesim.simulator import Simulator
 
 
@@ -65,3 +67,15 @@ def test_lock_tags_template_and_hastate_as_proxmox_lists_them(engine: Simulator,
     assert entries[102]["hastate"] == "started" and "hastate" not in entries[100]
     untagged = engine.control.create_vms(1, start_vmid=300, tags=None)[0]
     assert "tags" not in _entries(api)[untagged]
+
+
+def test_set_pool_over_http_and_an_unknown_guest_refused(engine: Simulator, api: Api) -> None:
+    answer = engine.handle(
+        SimRequest("POST", "/_sim/set_pool", json_body={"vmid": 200, "pool": "infra"})
+    )
+    assert answer.status == 200
+    assert _entries(api)[200]["pool"] == "infra"
+    refused = engine.handle(
+        SimRequest("POST", "/_sim/set_pool", json_body={"vmid": 999, "pool": "infra"})
+    )
+    assert refused.status == 400 and "999" in json.loads(refused.body or b"")["error"]

@@ -220,6 +220,8 @@ def test_admin_page_is_read_only_with_filters_and_the_refresh_time(
     assert "ct-dns" in by_tag and "web-1" not in by_tag
     assert "foreign" in admin_client.get(URL, {"owner__exact": "other"}).content.decode()
     row = InventoryGuest.objects.get(cluster=sim.cluster, vmid=102)
+    view = admin_client.get(f"{URL}{row.pk}/change/")
+    assert view.status_code == 200 and 'name="_save"' not in view.content.decode()
     assert admin_client.get(f"{URL}{row.pk}/delete/").status_code == 403
     assert admin_client.post(f"{URL}{row.pk}/change/", {"name": "x"}).status_code == 403
     assert admin_client.get(f"{URL}add/").status_code == 403
