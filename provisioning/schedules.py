@@ -39,6 +39,14 @@ SCHEDULES: dict[str, tuple[str, str, int, str]] = {
         3600,
         "control",
     ),
+    # The inventory snapshot (services.inventory): one listing per cluster, so cheap enough to
+    # keep a page five minutes fresh.
+    "proxyhub: inventory refresh": (
+        "proxyhub.provisioning.inventory_refresh",
+        "PROXYHUB_INVENTORY_INTERVAL_SECONDS",
+        300,
+        "control",
+    ),
 }
 
 

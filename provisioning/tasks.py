@@ -15,9 +15,11 @@ from django.db import InterfaceError, OperationalError
 
 from provisioning.services import driver, retention, sweeper
 from provisioning.services import gc as gc_service
+from provisioning.services import inventory as inventory_service
 from provisioning.services import reconcile as reconcile_service
 from provisioning.services.dispatch import (
     GC_TASK,
+    INVENTORY_TASK,
     PRUNE_JOURNAL_TASK,
     RECONCILE_TASK,
     STEP_TASK,
@@ -110,3 +112,15 @@ def gc() -> int:
 def prune_journal() -> int:
     """Delete finished operations past PROXYHUB_JOURNAL_RETENTION_DAYS (services.retention)."""
     return retention.journal_prune()
+
+
+@shared_task(
+    name=INVENTORY_TASK,
+    ignore_result=True,
+    soft_time_limit=_ROUNDS.soft_time_limit,
+    time_limit=_ROUNDS.time_limit,
+)
+def inventory_refresh() -> int:
+    """Refresh every cluster's inventory snapshot (services.inventory); returns how many
+    clusters failed (their previous snapshot stays, with the error recorded)."""
+    return sum(bool(o.error) for o in inventory_service.inventory_refresh_all())

@@ -9,7 +9,7 @@ with query parameters). The answer is ``{"data": <result>}``; a refused call is 
 Faults: ``error_rate`` (seeded), ``fail_call`` (the Nth matching call, deterministic),
 ``drop_reply`` (applied, then the connection resets), ``latency``. Cluster: ``node_offline``
 / ``node_online``. Guests: ``pause_vm``, ``resume_vm``, ``hibernate_vm`` (the ``suspended``
-lock), ``set_lock``/``clear_lock``, ``remove_agent``, ``set_ha``, ``set_hookscript``,
+lock), ``set_lock``/``clear_lock``, ``remove_agent``, ``set_ha``, ``set_pool``, ``set_hookscript``,
 ``add_pending``, ``create_vms`` (bulk, for 10,000-VM benchmarks). Tasks:
 ``fail_next_task``, ``tasks`` (every task's node, type and times, for the benchmarks' per-node
 in-flight series). Permissions: ``deny``/``allow``. Time: ``advance`` (manual clock only).
@@ -60,6 +60,7 @@ _HTTP_POST = frozenset(
         "remove_agent",
         "set_guest_agent",
         "set_ha",
+        "set_pool",
         "set_hookscript",
         "add_pending",
         "create_vms",
@@ -221,6 +222,7 @@ class Control:
                 "agentBaked": guest.agent_baked,
                 "agentInstalled": guest.agent_installed,
                 "haState": guest.ha_state,
+                "pool": self._engine.cluster.pool_of(vmid),
                 "bootedAt": guest.booted_at,
                 "midClone": guest.temp,
             }
@@ -284,6 +286,18 @@ class Control:
     def set_ha(self, vmid: int, managed: bool = True, state: str = "started") -> None:
         with self._locked():
             self._guest(vmid).ha_state = state if managed else None
+
+    def set_pool(self, vmid: int, pool: str | None = None) -> None:
+        """Put the guest in resource pool ``pool`` (created if new), or in none (``None``): what
+        ``pvesh set /pools/<pool> --vms <vmid>`` does to user.cfg. A guest is in one pool at
+        most, so it leaves its old pool first."""
+        with self._locked():
+            self._guest(vmid)
+            pools = self._engine.cluster.pools
+            for members in pools.values():
+                members.discard(vmid)
+            if pool:
+                pools.setdefault(str(pool), set()).add(vmid)
 
     def set_hookscript(self, vmid: int, script: str = "local:snippets/hook.pl") -> None:
         with self._locked():

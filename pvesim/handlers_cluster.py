@@ -164,7 +164,12 @@ def cluster_resources(ctx: Ctx) -> list[dict[str, Any]]:
         for guest in cluster.guests_in_string_order():
             if check and not perms.has(f"/vms/{guest.vmid}", "VM.Audit"):
                 continue
-            out.append(guest_entry(guest, nodes[guest.node], profile, ctx.now))
+            entry = guest_entry(guest, nodes[guest.node], profile, ctx.now)
+            pool = cluster.pool_of(guest.vmid) if cluster.pools else None
+            # §7.9: ``pool`` only when the guest is in one and the caller has Pool.Audit.
+            if pool and perms.has(f"/pool/{pool}", "Pool.Audit"):
+                entry["pool"] = pool
+            out.append(entry)
     if wanted in (None, "node"):
         wall = cluster.wall(ctx.now)
         for node in cluster.nodes.values():

@@ -240,6 +240,9 @@ class Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     guests: dict[int, Guest] = field(default_factory=dict)
     nextid_range: tuple[int, int] = (100, 1000000)  # datacenter.cfg next-id: [lower, upper)
+    # user.cfg's pools: pool id -> member VMIDs. A guest is in at most one pool, and destroying
+    # it removes it from its pool (pve-reference §7.9: ``pool`` comes from user.cfg).
+    pools: dict[str, set[int]] = field(default_factory=dict)
     _order: list[int] | None = field(default=None, repr=False)
 
     def wall(self, now: float) -> int:
@@ -255,6 +258,15 @@ class Cluster:
     def remove_guest(self, vmid: int) -> None:
         if self.guests.pop(vmid, None) is not None:
             self._order = None
+        for members in self.pools.values():
+            members.discard(vmid)
+
+    def pool_of(self, vmid: int) -> str | None:
+        """The pool holding ``vmid``, if any."""
+        for pool, members in self.pools.items():
+            if vmid in members:
+                return pool
+        return None
 
     def guests_in_string_order(self) -> list[Guest]:
         """Guests sorted by the *string* of their VMID, as ``/cluster/resources`` lists them."""

@@ -7,7 +7,15 @@ preflight), the bulk-create page in ``views``. Importing this package registers 
 
 from django.contrib import admin
 
-from . import clusters, gcrounds, operations, proxies, quotas, schedules  # noqa: F401  (registers)
+from . import (  # noqa: F401  (registers)
+    clusters,
+    gcrounds,
+    inventory,
+    operations,
+    proxies,
+    quotas,
+    schedules,
+)
 
 admin.site.site_header = "proxyhub"
 admin.site.site_title = "proxyhub"

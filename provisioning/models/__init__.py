@@ -4,6 +4,7 @@ from .catalogue import Cluster, MachineType, Node, Template
 from .circuit import CircuitBreaker, CircuitState
 from .gcround import GcRound
 from .installation import Installation
+from .inventory import GuestOwner, GuestType, InventoryGuest, InventoryRefresh
 from .lease import JobLease
 from .operation import Operation, OperationStep
 from .proxy import Proxy
@@ -14,7 +15,11 @@ __all__ = [
     "CircuitState",
     "Cluster",
     "GcRound",
+    "GuestOwner",
+    "GuestType",
     "Installation",
+    "InventoryGuest",
+    "InventoryRefresh",
     "JobLease",
     "MachineType",
     "Node",

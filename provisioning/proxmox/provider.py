@@ -32,6 +32,7 @@ from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
 from .delete import DeleteMachine, DeleteRequest
 from .delete import new_progress as new_delete_progress
 from .errors import classify
+from .inventory import INVENTORY_LIMIT, Inventory, Owner, read_inventory
 from .observe import (
     Instance,
     ManagedVM,
@@ -217,6 +218,22 @@ class Provider:
             list_seeds(self.api, self.config, deadline=deadline),
             listing,
             installation_id=self.config.installation_id,
+        )
+
+    def inventory(
+        self,
+        *,
+        known: Mapping[tuple[int, str], Owner] | None = None,
+        limit: int = INVENTORY_LIMIT,
+        deadline: Deadline | None = None,
+    ) -> Inventory:
+        """Every guest of the cluster from one listing, with its owner (``inventory``)."""
+        return read_inventory(
+            self.api,
+            installation_id=self.config.installation_id,
+            known=known,
+            limit=limit,
+            deadline=deadline,
         )
 
     def check(self, *, deadline: Deadline | None = None) -> list[NodeCheck]:

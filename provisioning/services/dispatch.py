@@ -32,6 +32,7 @@ SWEEP_TASK = "proxyhub.provisioning.sweep"
 RECONCILE_TASK = "proxyhub.provisioning.reconcile"
 GC_TASK = "proxyhub.provisioning.gc"
 PRUNE_JOURNAL_TASK = "proxyhub.provisioning.prune_journal"
+INVENTORY_TASK = "proxyhub.provisioning.inventory_refresh"
 
 # Step messages travel on the default queue; the periodic jobs that keep the loop alive (sweep,
 # reconcile, GC) have a small queue of their own, so a backlog of steps can never starve them.

@@ -332,6 +332,12 @@ PROXYHUB_JOURNAL_RETENTION_DAYS = env.int("PROXYHUB_JOURNAL_RETENTION_DAYS", def
 PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS = env.int(
     "PROXYHUB_JOURNAL_PRUNE_INTERVAL_SECONDS", default=3600
 )
+# How often Beat refreshes the inventory snapshot of every cluster (services.inventory), and
+# how long one cluster's refresh may take before it fails and keeps the previous snapshot.
+PROXYHUB_INVENTORY_INTERVAL_SECONDS = env.int("PROXYHUB_INVENTORY_INTERVAL_SECONDS", default=300)
+PROXYHUB_INVENTORY_DEADLINE_SECONDS = env.float(
+    "PROXYHUB_INVENTORY_DEADLINE_SECONDS", default=120.0
+)
 # The control loop's timings (docs/operator-guide.md, "Retries and ceilings"; the defaults and
 # their reasons are in provisioning/services/policy.py, circuit.py, rounds.py and sweeper.py).
 # A delivery's claim on a step: renewed every third of it while the step runs, so a worker
@@ -540,6 +546,7 @@ CELERY_TASK_ROUTES = {
     "proxyhub.provisioning.reconcile": {"queue": "control"},
     "proxyhub.provisioning.gc": {"queue": "control"},
     "proxyhub.provisioning.prune_journal": {"queue": "control"},
+    "proxyhub.provisioning.inventory_refresh": {"queue": "control"},
 }
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
