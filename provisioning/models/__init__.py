@@ -2,6 +2,7 @@
 
 from .catalogue import Cluster, MachineType, Node, Template
 from .circuit import CircuitBreaker, CircuitState
+from .durations import WorkDuration
 from .gcround import GcRound
 from .installation import Installation
 from .lease import JobLease
@@ -23,4 +24,5 @@ __all__ = [
     "Proxy",
     "Template",
     "UserQuota",
+    "WorkDuration",
 ]

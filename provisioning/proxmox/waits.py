@@ -4,8 +4,8 @@ A fixed poll interval is wrong both ways: too slow for the 0.1 s tasks of a smal
 chatty for a two-minute clone. So each wait is planned from what the same kind of work took
 before on the same node: the first look comes when the work is expected to have ended; if it
 has not, the next looks come after a short interval that doubles (from ``MIN_POLL``, or a tenth
-of the estimate for long work) up to the configured poll interval. The budgets (``budgets.Budgets``) still bound every wait; an estimate
-only moves the looks inside them.
+of the estimate for long work) up to the configured poll interval. The budgets
+(``budgets.Budgets``) still bound every wait; an estimate only moves the looks inside them.
 
 The estimates themselves are kept by the caller (the services keep them per cluster in the
 database, ``InMemoryDurations`` keeps them for tools and tests); this module only says how a

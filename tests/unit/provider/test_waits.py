@@ -6,6 +6,8 @@ comes from the simulator's ledger."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from provider_world import World, make_world
 
 from provisioning.proxmox.budgets import Budgets
@@ -41,7 +43,7 @@ def create_learning(
     return results
 
 
-def task_polls_of(world: World, run: callable) -> tuple[int, int]:  # type: ignore[valid-type]
+def task_polls_of(world: World, run: Callable[[], object]) -> tuple[int, int]:
     """(task status reads, tasks submitted) while ``run`` runs."""
     before = len(world.engine.ledger)
     run()
