@@ -72,10 +72,11 @@ def test_a_warm_create_reads_each_task_about_once_against_several_times_cold() -
     tasks = sum(t for _, t in warm)
     assert tasks == 40
     # Warm: the first look finds the task ended; now and then an estimate probes down and a
-    # task is read twice. With the shipped 1 s interval and no estimate a create took 4 reads
-    # but waited a whole second on each 0.1 s task; here it waits about the task's own time.
+    # task is read twice (never more). With the shipped 1 s interval and no estimate a create
+    # took 4 reads but waited a whole second on each 0.1 s task; here it waits about the task's
+    # own time.
     assert polls <= tasks * 1.25, warm
-    assert max(p for p, _ in warm) <= 5, warm
+    assert max(p for p, _ in warm) <= 8, warm
 
 
 def test_warm_waits_are_about_as_long_as_the_tasks_not_the_poll_interval() -> None:
