@@ -12,7 +12,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError
+from django.utils import timezone
 
 from provisioning.models import WorkDuration
 from provisioning.proxmox.steps import TIMING, StepResult
@@ -46,34 +47,27 @@ def durations_expected(*, cluster_id: int, kind: str, scope: str) -> float | Non
 
 
 def durations_learn(*, cluster_id: int, timing: Timing, ceiling: float | None = None) -> None:
-    """Move the estimate of ``timing``'s work by what that wait saw (``waits.learn``), under the
-    row's lock so concurrent steps on one node each count."""
+    """Move the estimate of ``timing``'s work by what that wait saw (``waits.learn``).
+
+    Two statements in autocommit, no lock: this runs in the step's delivery, on the create's
+    path. A concurrent step that moved the row between the read and the write wins and this
+    sample is dropped (the write is conditional on the sample count it read): an estimate needs
+    most samples, not every one."""
+    key = {"cluster_id": cluster_id, "kind": timing.kind, "scope": timing.scope}
     try:
-        with transaction.atomic():
-            row = (
-                WorkDuration.objects.select_for_update()
-                .filter(cluster_id=cluster_id, kind=timing.kind, scope=timing.scope)
-                .first()
+        row = WorkDuration.objects.filter(**key).values_list("pk", "seconds", "samples").first()
+        if row is None:
+            first = learn(None, timing, ceiling=ceiling)
+            WorkDuration.objects.bulk_create(
+                [WorkDuration(**key, seconds=first.seconds, samples=first.samples)],
+                ignore_conflicts=True,
             )
-            current = Estimate(row.seconds, row.samples) if row is not None else None
-            estimate = learn(current, timing, ceiling=ceiling)
-            if row is not None:
-                row.seconds, row.samples = estimate.seconds, estimate.samples
-                row.save(update_fields=["seconds", "samples", "updated_at"])
-                return
-            try:
-                with transaction.atomic():
-                    WorkDuration.objects.create(
-                        cluster_id=cluster_id,
-                        kind=timing.kind,
-                        scope=timing.scope,
-                        seconds=estimate.seconds,
-                        samples=estimate.samples,
-                    )
-            except IntegrityError:
-                # Another step created the row first: its first sample stands; this one is
-                # dropped rather than waited for (an estimate, not a count).
-                return
+            return
+        pk, seconds, samples = row
+        estimate = learn(Estimate(seconds, samples), timing, ceiling=ceiling)
+        WorkDuration.objects.filter(pk=pk, samples=samples).update(
+            seconds=estimate.seconds, samples=estimate.samples, updated_at=timezone.now()
+        )
     except DatabaseError:
         log.warning(
             "duration estimate not kept", extra={"kind": timing.kind, "scope": timing.scope}
