@@ -2,6 +2,7 @@
 
 from .catalogue import Cluster, MachineType, Node, Template
 from .circuit import CircuitBreaker, CircuitState
+from .durations import WorkDuration
 from .gcround import GcRound
 from .installation import Installation
 from .inventory import GuestOwner, GuestType, InventoryGuest, InventoryRefresh
@@ -28,4 +29,5 @@ __all__ = [
     "Proxy",
     "Template",
     "UserQuota",
+    "WorkDuration",
 ]

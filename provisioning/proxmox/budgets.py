@@ -44,5 +44,29 @@ class Budgets:
             **{f.name: getattr(self, f.name) * factor for f in dataclasses.fields(self)},
         )
 
+    def for_task(self, task_type: str) -> float:
+        """The budget of a task of ``task_type`` (a UPID's type): the longest a wait for it
+        may last, so an expected duration never plans a look beyond it."""
+        field_name = _TASK_BUDGETS.get(task_type)
+        return float(getattr(self, field_name)) if field_name else self.clone
+
+
+# A UPID's task type to the budget that bounds the wait for it (seed 000 entry 18); any other
+# type is bounded by the longest of them, the clone's.
+_TASK_BUDGETS = {
+    "qmclone": "clone",
+    "imgcopy": "upload",
+    "resize": "resize",
+    "qmresize": "resize",
+    "qmstart": "start",
+    "hastart": "start",
+    "qmreboot": "start",
+    "qmstop": "stop",
+    "qmshutdown": "stop",
+    "hastop": "stop",
+    "qmdestroy": "destroy",
+    "imgdel": "seed_delete",
+}
+
 
 DEFAULT_BUDGETS = Budgets()

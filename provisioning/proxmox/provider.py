@@ -48,6 +48,7 @@ from .power_checks import PowerPreview, PowerRequest, inspect_power
 from .release import ReleaseMachine, ReleaseRequest
 from .release import new_progress as new_release_progress
 from .steps import Progress, StepResult
+from .waits import Durations, NoDurations
 
 
 class Provider:
@@ -60,14 +61,19 @@ class Provider:
         *,
         budgets: Budgets | None = None,
         clock: Callable[[], float] = time.time,
+        durations: Durations | None = None,
     ) -> None:
+        """``durations`` are the expected task durations every task wait is planned from
+        (``waits``); without them each wait starts short and grows."""
         self.api = api
         self.config = config
         self.budgets = budgets or Budgets()
-        self._create = CreateMachine(api, config, self.budgets, clock=clock)
-        self._delete = DeleteMachine(api, config, self.budgets, clock=clock)
-        self._power = PowerMachine(api, config, self.budgets, clock=clock)
-        self._release = ReleaseMachine(api, config, self.budgets, clock=clock)
+        self.durations: Durations = durations or NoDurations()
+        known = self.durations
+        self._create = CreateMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._delete = DeleteMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._power = PowerMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._release = ReleaseMachine(api, config, self.budgets, clock=clock, durations=known)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------

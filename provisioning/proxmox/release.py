@@ -190,6 +190,11 @@ class ReleaseMachine(StepMachine[ReleaseRequest]):
         )
         if result.status == "continue" and result.progress["stage"] == "done":
             return StepResult(
-                "done", result.progress, "remove_wait", upid=result.upid, message="removed"
+                "done",
+                result.progress,
+                "remove_wait",
+                upid=result.upid,
+                message="removed",
+                details=result.details,  # the wait's timing, for the estimates (steps.TIMING)
             )
         return result

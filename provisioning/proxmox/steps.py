@@ -8,6 +8,11 @@ a fresh process given only that record continues where the last one stopped.
 
 Receipts (seed 001): a step that submits a Proxmox task returns its UPID at once, with the next
 step polling it; a record holding a UPID is only ever polled, never submitted again.
+
+Every wait on a task is planned from what that kind of task took on that node before
+(``waits``): the machine's ``Durations`` say when the task should end, ``StepMachine.step``
+sets the wait's delay from it, and a poll that finds the task ended says in its details
+(``TIMING``) what the wait learned, for the caller to keep.
 """
 
 from __future__ import annotations
@@ -34,13 +39,16 @@ from .errors import (
     TransientError,
     classify,
 )
-from .tasks import read_task
+from .tasks import parse_upid, read_task
+from .waits import Durations, NoDurations, Timing, next_wait
 
 Status = Literal["continue", "wait", "done", "error"]
 Progress = dict[str, Any]
 Req = TypeVar("Req")
 # What a stage may raise besides a classified error: Proxmox's and the deadline's failures.
 FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
+# The key of ``StepResult.details`` that carries a finished task's ``waits.Timing`` (a dict).
+TIMING = "timing"
 
 # The record's key for its ticket, and the key a stage reads to know the record is warm.
 TICKET = "ticket"
@@ -120,6 +128,8 @@ def advance(progress: Progress, stage: str, **changes: Any) -> Progress:
     """A copy of ``progress`` moved to ``stage``: the task handle and wait timer are cleared."""
     out = dict(progress)
     out.update(stage=stage, upid=None, since=None)
+    out.pop("seen_running", None)
+    out.pop("look_at", None)
     out.update(changes)
     return out
 
@@ -140,15 +150,17 @@ def poll_task(
     """Read the recorded task once: still running means wait; ended means move on.
 
     The wait's start is kept in the record (``since``, wall clock, so it survives a move to
-    another worker). When the budget runs out the error is transient and names the UPID; the
-    task keeps running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
+    another worker), and so is how long after it the task was last seen running
+    (``seen_running``): an ended task's result carries both as a ``waits.Timing`` in its
+    details. When the budget runs out the error is transient and names the UPID; the task keeps
+    running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
     """
     upid = progress["upid"]
     outcome = read_task(api, upid, deadline=deadline)
     now = clock()
     if outcome.state == "running":
         since = progress.get("since") or now
-        waiting = dict(progress, since=since)
+        waiting = dict(progress, since=since, seen_running=_look(progress, now - since))
         if now - since > budget:
             return StepResult(
                 "error",
@@ -168,7 +180,64 @@ def poll_task(
             return on_failure(failure)
         return StepResult("error", progress, step, upid=upid, error=classify(op, failure))
     message = outcome.exitstatus if outcome.state == "warnings" else ""
-    return StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
+    result = StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
+    timing = _timing(upid, progress, now)
+    if timing is not None:
+        result.details[TIMING] = timing.as_dict()
+    return result
+
+
+def _timing(upid: str, progress: Progress, now: float) -> Timing | None:
+    """What the wait for ``upid``, ended at ``now``, tells about its task type on its node;
+    None for a record without a wait start (written before waits were timed)."""
+    since = progress.get("since")
+    if not since:
+        return None
+    try:
+        parsed = parse_upid(upid)
+    except ValueError:
+        return None
+    return Timing(
+        kind=parsed.type,
+        scope=parsed.node,
+        seen_running=float(progress.get("seen_running") or 0.0),
+        seen_done=_look(progress, max(0.0, now - float(since))),
+    )
+
+
+def _look(progress: Progress, landed: float) -> float:
+    """When the look that just ran was planned, in seconds after the wait's start (``waits``:
+    estimates are learned in planned time); when it landed for a record without a plan."""
+    planned = progress.get("look_at")
+    return float(planned) if planned is not None else landed
+
+
+def task_wait(
+    result: StepResult,
+    *,
+    durations: Durations,
+    budgets: Budgets,
+    now: float,
+) -> float:
+    """The delay of a ``wait`` on ``result.upid``: until the task's expected end, then a short
+    interval doubling up to the poll interval (``waits.next_wait``). The look's plan goes into
+    the record (``look_at``) for the poll to learn from."""
+    assert result.upid is not None
+    try:
+        parsed = parse_upid(result.upid)
+    except ValueError:
+        return budgets.poll_interval
+    since = result.progress.get("since")
+    elapsed = max(0.0, now - float(since)) if since else 0.0
+    delay = next_wait(
+        expected=durations.expected(parsed.type, parsed.node),
+        elapsed=elapsed,
+        cap=budgets.poll_interval,
+        limit=budgets.for_task(parsed.type),
+    )
+    if since:
+        result.progress["look_at"] = elapsed + delay
+    return delay
 
 
 def fail(progress: Progress, step: str, err: BaseException, *, op: str) -> StepResult:
@@ -287,12 +356,14 @@ class StepMachine(Generic[Req]):
         budgets: Budgets,
         *,
         clock: Callable[[], float] = time.time,
+        durations: Durations | None = None,
     ) -> None:
         self.api = api
         self.config = config
         self.budgets = budgets
         self.clock = clock
         self.tickets = Tickets()
+        self.durations: Durations = durations or NoDurations()
 
     def step(self, req: Req, progress: Progress, *, deadline: Deadline | None = None) -> StepResult:
         """Run the record's stage once. The record the result carries is warm for this machine's
@@ -318,6 +389,12 @@ class StepMachine(Generic[Req]):
         try:
             result: StepResult = handler(req, progress, deadline)
             result.step = stage  # the journal names the stage that ran, whoever built the result
+            if result.status == "wait" and result.upid:
+                # Every task wait, whichever stage built it, is planned from the task's
+                # expected duration (module docstring).
+                result.delay = task_wait(
+                    result, durations=self.durations, budgets=self.budgets, now=self.clock()
+                )
         except PermanentError as err:
             self.on_refused(req, err)
             return StepResult("error", progress, stage, error=err)

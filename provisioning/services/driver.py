@@ -15,6 +15,8 @@ Each delivery of the step task calls ``operation_run_step``:
 5. **journal** the step (its UPID before any wait), the progress record and the proxy's observed
    state in one transaction under the proxy's row lock, release the claim, and send the next
    message after commit, with a countdown while Proxmox works. No worker slot waits on Proxmox.
+   The countdown is the provider's: the task's expected end, then a short growing interval
+   (``proxmox.waits``); a step whose wait ended teaches the estimate (``services.durations``).
 
 Every failure ends or heals: a permanent failure ends the operation; a power action on a VM
 that no longer exists ends at once and leaves the proxy to be re-created; a transient failure
@@ -46,11 +48,13 @@ from provisioning.models.choices import (
 )
 from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
 from provisioning.proxmox.steps import StepResult
+from provisioning.proxmox.waits import BOOT
 
-from . import circuit, claims, dispatch, leases, policy, tracing
+from . import circuit, claims, dispatch, durations, leases, policy, tracing
 from .clock import db_now
 from .journal import journal_step
-from .runners import POWER_KINDS, Outcome, run_step
+from .providers import provider_for
+from .runners import POWER_KINDS, Outcome, address_budget, run_step
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -107,6 +111,7 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     seconds = time.monotonic() - started
     _persist(op, claim, outcome, db_now(), seconds)
     _record_reachability(op, outcome, breaker, seconds)
+    _learn_duration(op, outcome)
 
 
 # --- one attempt, retried in place -------------------------------------------------------------
@@ -248,6 +253,19 @@ def _record_reachability(
         )
     elif error is None:
         circuit.circuit_record_success(cluster_id=op.cluster_id, breaker=breaker, now=now)
+
+
+def _learn_duration(op: Operation, outcome: Outcome) -> None:
+    """Keep what a finished wait saw, once the step is in the journal (after its commit: the
+    estimate row's lock is never held with the proxy's)."""
+    timing = durations.timing_of(outcome.result)
+    if timing is None or op.cluster is None:
+        return
+    if timing.kind == BOOT:
+        ceiling = address_budget()
+    else:
+        ceiling = provider_for(op.cluster).budgets.for_task(timing.kind)
+    durations.durations_learn(cluster_id=op.cluster.pk, timing=timing, ceiling=ceiling)
 
 
 # --- the journal -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.http import HttpTransport
 from provisioning.proxmox.provider import Provider
 
+from .durations import ClusterDurations
 from .installation import installation_id
 
 TransportFactory = Callable[[ProxmoxConfig], Transport]
@@ -74,7 +75,12 @@ def provider_for(cluster: Cluster) -> Provider:
     config = cluster.proxmox_config(installation_id())
     transport = (_factory or _http_transport)(config)
     api = Api(transport, reads=_read_retry(), label=cluster.name)
-    provider = Provider(api, config, budgets=_budgets or _default_budgets())
+    provider = Provider(
+        api,
+        config,
+        budgets=_budgets or _default_budgets(),
+        durations=ClusterDurations(cluster.pk),
+    )
     with _lock:
         for stale in [k for k in _cache if k[0] == cluster.pk and k != key]:
             old = _cache.pop(stale)

@@ -27,9 +27,11 @@ from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.errors import NotFoundError, PermanentError
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.release import ReleaseRequest
-from provisioning.proxmox.steps import StepResult
+from provisioning.proxmox.steps import TIMING, StepResult
+from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait
 from provisioning.sealing import SealError
 
+from .durations import durations_expected
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
@@ -115,7 +117,7 @@ def _run_create(
             last_error="",
             last_error_class="",
         )
-        progress.update(stage="address", address_since=now.timestamp())
+        _enter_address(progress, now)
         # Not finished: the address stage follows, so "done" becomes "continue" here.
         result = StepResult(
             "continue",
@@ -139,9 +141,21 @@ def _cloud_init(proxy: Proxy, op: Operation) -> bytes:
         ) from None
 
 
+def _enter_address(progress: dict[str, Any], now: datetime) -> None:
+    """Move the record to the wait for the address; the boot's timer starts now."""
+    progress.update(stage="address", address_since=now.timestamp())
+    progress.pop("address_look_at", None)
+    progress.pop("address_seen", None)
+
+
 def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: datetime) -> Outcome:
-    """Boot to address: poll ``get`` until the guest agent reports an IPv4 (entry 7)."""
+    """Boot to address: poll ``get`` until the guest agent reports an IPv4 (entry 7). When the
+    image's boot time is known, the first look waits for it without reading anything."""
     proxy = _proxy(op)
+    if progress.get("address_look_at") is None:
+        booting = _first_address_wait(op, proxy, progress, now)
+        if booting is not None:
+            return booting
     try:
         # A VM this create started is watched with one agent read a look (issue 12); what that
         # read cannot settle, and every other VM, gets the full read. The node is known (the
@@ -162,17 +176,22 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
             result, progress, {"phase": Phase.PENDING, "provider_id": ""}, phase_name="address"
         )
     observed = observed_fields(instance, now)
+    # The wait is measured on the database's clock, like every other age in the loop.
+    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
     if instance.state == "Running":
+        details = {TIMING: _boot_timing(proxy, progress, waited).as_dict()}
         if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
             # The boot that needed the seed is over: release it (issue 11).
             progress.update(stage="seed_release", release=provider.new_release_progress())
-            result = StepResult("continue", progress, "address", message=f"address {instance.ip}")
+            result = StepResult(
+                "continue", progress, "address", message=f"address {instance.ip}", details=details
+            )
             return Outcome(result, progress, observed, phase_name="address")
-        result = StepResult("done", progress, "address", message=f"address {instance.ip}")
+        result = StepResult(
+            "done", progress, "address", message=f"address {instance.ip}", details=details
+        )
         return Outcome(result, progress, observed, finished=True, phase_name="address")
-    # The wait is measured on the database's clock, like every other age in the loop.
-    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
-    if waited > _setting("PROXYHUB_ADDRESS_BUDGET_SECONDS", ADDRESS_BUDGET):
+    if waited > address_budget():
         result = StepResult(
             "done",
             progress,
@@ -180,15 +199,68 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
             message=f"no address after {int(waited)} s; reconcile keeps watching it",
         )
         return Outcome(result, progress, observed, finished=True, phase_name="address")
-    poll = _setting("PROXYHUB_ADDRESS_POLL_SECONDS", ADDRESS_POLL)
+    if progress.get("address_look_at") is not None:
+        progress["address_seen"] = progress["address_look_at"]
     result = StepResult(
         "wait",
         progress,
         "address",
-        delay=poll,
+        delay=_plan_address_look(op, proxy, progress, waited),
         message=f"waiting for the guest agent ({instance.state})",
     )
     return Outcome(result, progress, observed, phase_name="address")
+
+
+def _first_address_wait(
+    op: Operation, proxy: Proxy, progress: dict[str, Any], now: datetime
+) -> Outcome | None:
+    """A wait for the image's expected boot, or None when there is no estimate or it is due."""
+    assert op.cluster is not None
+    expected = durations_expected(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image)
+    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
+    if expected is None or expected * (1 + MARGIN) - waited < MIN_POLL:
+        return None
+    result = StepResult(
+        "wait",
+        progress,
+        "address",
+        delay=_plan_address_look(op, proxy, progress, waited),
+        message="waiting for the guest to boot",
+    )
+    return Outcome(result, progress, {}, phase_name="address")
+
+
+def address_budget() -> float:
+    """How long after its start a VM's address is waited for (then reconcile watches it)."""
+    return _setting("PROXYHUB_ADDRESS_BUDGET_SECONDS", ADDRESS_BUDGET)
+
+
+def _plan_address_look(
+    op: Operation, proxy: Proxy, progress: dict[str, Any], waited: float
+) -> float:
+    """The delay to the next look for the address: when the image's boot is expected to be
+    over, then a short interval doubling up to ``PROXYHUB_ADDRESS_POLL_SECONDS``
+    (``proxmox.waits``). The plan is kept in the record for the boot's timing."""
+    assert op.cluster is not None
+    delay = next_wait(
+        expected=durations_expected(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image),
+        elapsed=waited,
+        cap=_setting("PROXYHUB_ADDRESS_POLL_SECONDS", ADDRESS_POLL),
+        limit=address_budget(),
+    )
+    progress["address_look_at"] = waited + delay
+    return delay
+
+
+def _boot_timing(proxy: Proxy, progress: dict[str, Any], waited: float) -> Timing:
+    """What this boot taught about the image's start to address, in planned time (``waits``)."""
+    planned = progress.get("address_look_at")
+    return Timing(
+        kind=BOOT,
+        scope=proxy.image,
+        seen_running=float(progress.get("address_seen") or 0.0),
+        seen_done=float(planned) if planned is not None else waited,
+    )
 
 
 def _release_seed(op: Operation, provider: Provider, progress: dict[str, Any]) -> Outcome:
@@ -308,7 +380,7 @@ def _run_power(
     if op.kind == OperationKind.SHUTDOWN:
         return Outcome(result, progress, {"phase": Phase.STOPPED, "ip": None}, finished=True)
     # Started or rebooted: follow the boot to its address, as a create does.
-    progress.update(stage="address", address_since=now.timestamp())
+    _enter_address(progress, now)
     result = StepResult("continue", result.progress, result.step, message=result.message)
     return Outcome(result, progress, {"phase": Phase.PROVISIONING})
 

@@ -639,6 +639,8 @@ LOGGING = {
 # POLLING (integration tests and benchmarks shorten these against the `fast` simulator)
 # ----------------------------------------------------------------------------------------------
 # The pause between polls of a running Proxmox task or VM status (Budgets.poll_interval), and
-# between guest-agent reads while a started VM has no address yet.
+# between guest-agent reads while a started VM has no address yet. A wait on a task or a boot
+# first sleeps until its learned expected end (provisioning.proxmox.waits), then polls on an
+# interval doubling from 50 ms: these two are that interval's ceiling.
 PROXYHUB_POLL_INTERVAL_SECONDS = env.float("PROXYHUB_POLL_INTERVAL_SECONDS", default=1.0)
 PROXYHUB_ADDRESS_POLL_SECONDS = env.float("PROXYHUB_ADDRESS_POLL_SECONDS", default=3.0)

@@ -1,0 +1,65 @@
+"""How a wait is planned and how a finished wait moves an estimate (``proxmox.waits``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioning.proxmox.waits import (
+    MARGIN,
+    MIN_POLL,
+    OUTLIER_FACTOR,
+    PROBE_DOWN,
+    Estimate,
+    Timing,
+    learn,
+    next_wait,
+)
+
+
+def test_the_first_look_comes_at_the_expected_end_then_the_interval_doubles_to_the_cap() -> None:
+    first = next_wait(expected=2.0, elapsed=0.0, cap=1.0, limit=600.0)
+    assert first == pytest.approx(2.0 * (1 + MARGIN))
+    elapsed, delays = first, []
+    for _ in range(8):
+        delay = next_wait(expected=2.0, elapsed=elapsed, cap=1.0, limit=600.0)
+        delays.append(delay)
+        elapsed += delay
+    # A tenth of the estimate first (long work is not looked at every 50 ms), then doubling.
+    assert delays[:4] == pytest.approx([0.2, 0.2, 0.4, 0.8])
+    assert delays[4:] == pytest.approx([1.0] * 4)  # capped by the poll interval
+
+
+def test_without_an_estimate_looks_start_at_50_ms_and_double() -> None:
+    elapsed, delays = 0.0, []
+    for _ in range(5):
+        delay = next_wait(expected=None, elapsed=elapsed, cap=1.0, limit=600.0)
+        delays.append(delay)
+        elapsed += delay
+    assert delays == pytest.approx([MIN_POLL, MIN_POLL, 0.1, 0.2, 0.4])
+
+
+def test_an_estimate_never_plans_a_look_past_the_wait_budget() -> None:
+    assert next_wait(expected=500.0, elapsed=100.0, cap=1.0, limit=120.0) == pytest.approx(20.0)
+
+
+def test_a_bracketed_wait_counts_as_its_middle_and_a_first_look_hit_as_a_little_less() -> None:
+    assert Timing("qmclone", "pve1", 0.2, 0.4).sample() == pytest.approx(0.3)
+    assert Timing("qmclone", "pve1", 0.0, 0.5).sample() == pytest.approx(0.5 * PROBE_DOWN)
+
+
+def test_one_outlier_moves_an_estimate_a_bounded_step_and_the_budget_caps_it() -> None:
+    warm = Estimate(1.0, 20)
+    stuck = learn(warm, Timing("qmclone", "pve1", 300.0, 301.0))
+    # Clamped to OUTLIER_FACTOR times the estimate before it is weighed.
+    assert stuck.seconds < OUTLIER_FACTOR
+    assert stuck.samples == 21
+    capped = learn(None, Timing("qmclone", "pve1", 900.0, 1000.0), ceiling=600.0)
+    assert capped.seconds == 600.0
+
+
+def test_an_estimate_too_long_shrinks_when_every_first_look_finds_the_task_over() -> None:
+    estimate = Estimate(2.6, 1)
+    for _ in range(8):
+        look = estimate.seconds * (1 + MARGIN)
+        estimate = learn(estimate, Timing("boot", "debian-13", 0.0, look))
+    assert estimate.seconds < 2.0
