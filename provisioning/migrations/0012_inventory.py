@@ -25,7 +25,7 @@ def remove_schedule(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("provisioning", "0010_sealing"),
+        ("provisioning", "0011_task_durations"),
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
 

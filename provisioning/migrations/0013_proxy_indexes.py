@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("provisioning", "0010_sealing"),
+        ("provisioning", "0012_inventory"),
     ]
 
     operations = [
