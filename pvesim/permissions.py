@@ -133,8 +133,9 @@ class Permissions:
         """pve-access-control ``RPCEnvironment.pm`` ``check_api2_permissions`` for the checks
         that name users rather than paths (the access endpoints)."""
         op, userid = check[0], params.get("userid", "")
+        identity = self._identity or ""
         if op == "userid-param" and check[1] == "self":
-            return bool(self._identity) and self._identity.split("!")[0] == userid
+            return bool(identity) and identity.split("!")[0] == userid
         if op == "userid-param":
             realm = userid.rpartition("@")[2]
             return self.has(f"/access/realm/{realm}", str(check[1]))

@@ -13,7 +13,7 @@ import pytest
 from provider_world import World, make_world
 
 from provisioning.proxmox.api import Api
-from provisioning.proxmox.bootstrap import BootstrapRefused, Names, bootstrap
+from provisioning.proxmox.bootstrap import BootstrapRefused, Names, Outcome, bootstrap
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.errors import ApiError
 from provisioning.proxmox.preflight_privileges import privileges_check
@@ -39,7 +39,7 @@ def own_api(world: World, vault: Vault) -> Api:
     return Api(SimTransport(world.engine, token=vault.token))
 
 
-def run(world: World, vault: Vault, *, rotate: bool = False) -> object:
+def run(world: World, vault: Vault, *, rotate: bool = False) -> Outcome:
     def usable() -> bool:
         if vault.token is None:
             return False
@@ -99,8 +99,8 @@ def test_a_second_run_changes_nothing(boot: tuple[World, Vault]) -> None:
     world.engine.ledger.clear()
     outcome = run(world, vault)
     assert world.engine.ledger.mutations() == []
-    assert outcome.changes == []  # type: ignore[attr-defined]
-    assert "token proxyhub@pve!proxyhub" in outcome.verified  # type: ignore[attr-defined]
+    assert outcome.changes == []
+    assert "token proxyhub@pve!proxyhub" in outcome.verified
 
 
 def test_the_new_token_creates_a_proxy_that_joins_the_pool(boot: tuple[World, Vault]) -> None:
@@ -133,7 +133,7 @@ def test_preflight_passes_then_names_a_missing_privilege_and_its_path(
     boot: tuple[World, Vault],
 ) -> None:
     world, vault = boot
-    targets = run(world, vault).targets  # type: ignore[attr-defined]
+    targets = run(world, vault).targets
     check = privileges_check(own_api(world, vault), targets)
     assert (check.status, check.failures, check.warnings) == ("passed", (), ())
 
@@ -153,7 +153,7 @@ def test_preflight_passes_then_names_a_missing_privilege_and_its_path(
 
 def test_a_privilege_beyond_the_role_is_a_warning(boot: tuple[World, Vault]) -> None:
     world, vault = boot
-    targets = run(world, vault).targets  # type: ignore[attr-defined]
+    targets = run(world, vault).targets
     world.api.set_acl(
         "/", roles=["Administrator"], users=["proxyhub@pve"], tokens=["proxyhub@pve!proxyhub"]
     )
@@ -178,5 +178,5 @@ def test_a_token_whose_secret_is_lost_is_refused_until_rotated(
     own_api(world, vault).version()
     assert len(world.engine.cluster.access.users["proxyhub@pve"].tokens) == 1
     # Deleting the old token dropped its ACLs; the rotation granted them again.
-    check = privileges_check(own_api(world, vault), run(world, vault).targets)  # type: ignore[attr-defined]
+    check = privileges_check(own_api(world, vault), run(world, vault).targets)
     assert check.status == "passed"
