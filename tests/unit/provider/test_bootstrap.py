@@ -11,11 +11,13 @@ import dataclasses
 
 import pytest
 from provider_world import World, make_world
+from test_plan import plan_of
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.bootstrap import BootstrapRefused, Names, Outcome, bootstrap
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.errors import ApiError
+from provisioning.proxmox.preflight import preflight
 from provisioning.proxmox.preflight_privileges import privileges_check
 from provisioning.proxmox.privileges import role_privileges
 from provisioning.proxmox.provider import Provider
@@ -149,6 +151,20 @@ def test_preflight_passes_then_names_a_missing_privilege_and_its_path(
     assert err.value.message == (
         "Permission check failed (/storage/proxy-seeds, Datastore.AllocateTemplate)"
     )
+
+
+def test_the_plan_preflight_checks_the_token_of_a_cluster_with_a_pool(
+    boot: tuple[World, Vault],
+) -> None:
+    world, vault = boot
+    config = dataclasses.replace(world.config, pool="proxyhub")
+    plan = plan_of(config, world.request("pre"))
+    checks = {c.code: c for c in preflight(own_api(world, vault), config, plan)}
+    assert checks["privileges"].status == "passed", checks["privileges"]
+    world.engine.control.deny("/vms/9000", "VM.Clone")
+    checks = {c.code: c for c in preflight(own_api(world, vault), config, plan)}
+    assert checks["privileges"].status == "failed"
+    assert checks["privileges"].message == "missing VM.Clone on /vms/9000"
 
 
 def test_a_privilege_beyond_the_role_is_a_warning(boot: tuple[World, Vault]) -> None:
