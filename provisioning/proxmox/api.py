@@ -663,10 +663,14 @@ class Api:
         users: list[str] | None = None,
         tokens: list[str] | None = None,
         propagate: bool = True,
+        delete: bool = False,
         deadline: Deadline | None = None,
     ) -> None:
-        """``PUT /access/acl``: grant ``roles`` on ``path`` to ``users`` and ``tokens``."""
+        """``PUT /access/acl``: grant ``roles`` on ``path`` to ``users`` and ``tokens`` (with
+        ``delete``, take them away)."""
         params = {"path": path, "roles": ",".join(roles), "propagate": _bool(propagate)}
+        if delete:
+            params["delete"] = "1"
         if users:
             params["users"] = ",".join(users)
         if tokens:

@@ -181,7 +181,8 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
             roles=["ProxyHub"],
             users=["proxyhub@pve"],
             tokens=["proxyhub@pve!proxyhub"],
-        )
+        ),
+        lambda a: a.set_acl("/", roles=["Administrator"], users=["proxyhub@pve"], delete=True),
     ],
     "permissions": [lambda a: a.permissions(), lambda a: a.permissions(path="/pool/proxyhub")],
 }
