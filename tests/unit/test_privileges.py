@@ -86,3 +86,14 @@ def test_compare_names_each_missing_privilege_with_its_path_and_warns_of_extras(
     assert not report.ok
     assert report.missing == {"/storage/proxy-seeds": ("Datastore.AllocateTemplate",)}
     assert report.extra == {"/": ("Sys.Modify",)}
+
+
+def test_the_operator_guide_lists_every_privilege_of_the_role_with_its_source() -> None:
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md").read_text()
+    section = guide.split("### 4a.", 1)[1].split("### 4b.", 1)[0]
+    for priv in privileges.role_privileges():
+        row = next((line for line in section.splitlines() if line.startswith(f"| `{priv}` |")), "")
+        assert row, f"{priv} is not in the operator guide's table"
+        assert "schema" in row or "§2.4" in row, f"{priv} has no source in the guide"
