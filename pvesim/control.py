@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from . import replies
+from .access import Pool
 from .clock import ManualClock
 from .defaults import add_vm
 from .engine import Engine
@@ -222,7 +223,7 @@ class Control:
                 "agentBaked": guest.agent_baked,
                 "agentInstalled": guest.agent_installed,
                 "haState": guest.ha_state,
-                "pool": self._engine.cluster.pool_of(vmid),
+                "pool": self._engine.cluster.access.pool_of(vmid),
                 "bootedAt": guest.booted_at,
                 "midClone": guest.temp,
             }
@@ -293,11 +294,10 @@ class Control:
         most, so it leaves its old pool first."""
         with self._locked():
             self._guest(vmid)
-            pools = self._engine.cluster.pools
-            for members in pools.values():
-                members.discard(vmid)
+            access = self._engine.cluster.access
+            access.forget_vm(vmid)
             if pool:
-                pools.setdefault(str(pool), set()).add(vmid)
+                access.pools.setdefault(str(pool), Pool()).vms.add(vmid)
 
     def set_hookscript(self, vmid: int, script: str = "local:snippets/hook.pl") -> None:
         with self._locked():

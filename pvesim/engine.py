@@ -37,7 +37,8 @@ from urllib.parse import unquote
 
 from . import (
     defaults,
-    handlers_agent,  # noqa: F401 - registers handlers
+    handlers_access,  # noqa: F401 - registers handlers
+    handlers_agent,  # noqa: F401
     handlers_clone,  # noqa: F401
     handlers_cluster,  # noqa: F401
     handlers_lxc,  # noqa: F401
@@ -140,7 +141,7 @@ class Engine:
         )
         defaults.build(cluster, self.state_name, now)
         self.scheduler = Scheduler(lambda: self.profile.node_task_limit)
-        self.permissions = Permissions()
+        self.permissions = Permissions(cluster.access)
         self.faults = Faults(random.Random(self.seed + 1))
         self.sim = Sim(cluster, self.scheduler, self.permissions, self.profile, self.manual_clock)
 
@@ -290,7 +291,8 @@ class Engine:
         entry = self.schema.entry(key)
         text = {k: _text(v) for k, v in raw.items()}
         try:
-            self.permissions.check_endpoint(entry.get("permissions") or {}, text)
+            perms = self.permissions.for_identity(user)
+            perms.check_endpoint(entry.get("permissions") or {}, text)
             node = match.path_params.get("node")
             if node is not None and (entry.get("proxyto") == "node" or key.endswith("/upload")):
                 self._forward(node)
@@ -338,6 +340,8 @@ class Engine:
             return None
         token = unquote(found.group(1)).strip()
         token_id, sep, secret = token.rpartition("=")
+        if sep and self.cluster.access.authenticate(token_id, secret):
+            return token_id  # a token created through the API (access.py)
         if (
             not sep
             or not hmac.compare_digest(token_id.encode(), self.token_id.encode())

@@ -77,7 +77,7 @@ def vm_clone(ctx: Ctx) -> str:
     if source is None or source.node != node or source.kind != "qemu":
         raise SimError(500, f"unable to find configuration file for VM {vmid} on node '{node}'")
     pool = ctx.text("pool")
-    if pool:
+    if pool and pool not in cluster.access.pools:
         raise SimError(403, f"Permission check failed (pool '{pool}' does not exist)")
     target = ctx.text("target")
     if target == node:
@@ -183,6 +183,9 @@ def vm_clone(ctx: Ctx) -> str:
             clone.lock_holder = None
             if target is not None:
                 clone.node = target
+            if pool and pool in cluster.access.pools:
+                # The worker's last step (§7.14 step 5): the clone joins the pool.
+                cluster.access.pools[pool].vms.add(newid)
             clone.changed()
 
         return finish

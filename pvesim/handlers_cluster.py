@@ -165,7 +165,7 @@ def cluster_resources(ctx: Ctx) -> list[dict[str, Any]]:
             if check and not perms.has(f"/vms/{guest.vmid}", "VM.Audit"):
                 continue
             entry = guest_entry(guest, nodes[guest.node], profile, ctx.now)
-            pool = cluster.pool_of(guest.vmid) if cluster.pools else None
+            pool = cluster.access.pool_of(guest.vmid) if cluster.access.pools else None
             # §7.9: ``pool`` only when the guest is in one and the caller has Pool.Audit.
             if pool and perms.has(f"/pool/{pool}", "Pool.Audit"):
                 entry["pool"] = pool

@@ -55,7 +55,8 @@ class Ctx:
 
     @property
     def perms(self) -> Permissions:
-        return self.sim.permissions
+        """The rights of the token that sent this request."""
+        return self.sim.permissions.for_identity(self.user)
 
     # --- parameters ---------------------------------------------------------------------
 

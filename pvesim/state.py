@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .access import Access
 from .profiles import Profile
 from .vmconfig import Config, Drive, config_digest, is_disk_key, parse_drive, render_config
 
@@ -240,9 +241,7 @@ class Cluster:
     nodes: dict[str, Node] = field(default_factory=dict)
     guests: dict[int, Guest] = field(default_factory=dict)
     nextid_range: tuple[int, int] = (100, 1000000)  # datacenter.cfg next-id: [lower, upper)
-    # user.cfg's pools: pool id -> member VMIDs. A guest is in at most one pool, and destroying
-    # it removes it from its pool (pve-reference §7.9: ``pool`` comes from user.cfg).
-    pools: dict[str, set[int]] = field(default_factory=dict)
+    access: Access = field(default_factory=Access)  # user.cfg: users, tokens, ACLs, pools
     _order: list[int] | None = field(default=None, repr=False)
 
     def wall(self, now: float) -> int:
@@ -258,15 +257,7 @@ class Cluster:
     def remove_guest(self, vmid: int) -> None:
         if self.guests.pop(vmid, None) is not None:
             self._order = None
-        for members in self.pools.values():
-            members.discard(vmid)
-
-    def pool_of(self, vmid: int) -> str | None:
-        """The pool holding ``vmid``, if any."""
-        for pool, members in self.pools.items():
-            if vmid in members:
-                return pool
-        return None
+            self.access.forget_vm(vmid)
 
     def guests_in_string_order(self) -> list[Guest]:
         """Guests sorted by the *string* of their VMID, as ``/cluster/resources`` lists them."""

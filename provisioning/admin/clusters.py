@@ -116,7 +116,17 @@ class ClusterAdmin(GuardedActionsMixin):
         ),
         (
             "Placement",
-            {"fields": ("iso_storage", "storage", "bridge", "vlan_tag", "vmid_min", "vmid_max")},
+            {
+                "fields": (
+                    "iso_storage",
+                    "storage",
+                    "bridge",
+                    "vlan_tag",
+                    "pool",
+                    "vmid_min",
+                    "vmid_max",
+                )
+            },
         ),
         (
             "Behaviour",

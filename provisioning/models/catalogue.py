@@ -45,6 +45,7 @@ _FIELD_FOR_PATH = {
     "storage": "storage",
     "bridge": "bridge",
     "vlanTag": "vlan_tag",
+    "pool": "pool",
     "vmidRange.min": "vmid_min",
     "vmidRange.max": "vmid_max",
     "requestTimeoutSeconds": "request_timeout_seconds",
@@ -73,6 +74,11 @@ class Cluster(models.Model):
     bridge = models.CharField(max_length=64, blank=True)
     vlan_tag = models.PositiveSmallIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(4094)]
+    )
+    # Issue 14: the resource pool clones join (``bootstrap_cluster`` creates it and grants
+    # proxyhub's role on it); blank: clones join no pool.
+    pool = models.CharField(
+        max_length=64, blank=True, help_text="Proxmox resource pool every clone joins; blank: none"
     )
     vmid_min = models.PositiveIntegerField(default=100000)
     vmid_max = models.PositiveIntegerField(default=199999)
@@ -219,6 +225,7 @@ class Cluster(models.Model):
             storage=self.storage or None,
             bridge=self.bridge or None,
             vlan_tag=self.vlan_tag,
+            pool=self.pool or None,
             vmid_min=self.vmid_min,
             vmid_max=self.vmid_max,
             templates=templates,

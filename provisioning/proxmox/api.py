@@ -433,10 +433,17 @@ class Api:
         full: bool = True,
         storage: str | None = None,
         target: str | None = None,
+        pool: str | None = None,
         deadline: Deadline | None = None,
     ) -> str:
-        """Clone template ``vmid`` to ``newid``. Returns the ``qmclone`` UPID (id = source)."""
+        """Clone template ``vmid`` to ``newid``. Returns the ``qmclone`` UPID (id = source).
+
+        ``pool``: the clone joins that resource pool, and ``VM.Allocate`` on ``/pool/<pool>``
+        then stands in for it on ``/vms/<newid>`` (schema permissions of the clone).
+        """
         params = {"newid": str(newid), "name": name, "full": _bool(full)}
+        if pool:
+            params["pool"] = pool
         if description is not None:
             params["description"] = description
         if storage:
@@ -537,6 +544,148 @@ class Api:
             desc = result["error"].get("desc", "guest agent error")
             raise ApiError(500, str(desc))
         return list(result or [])
+
+    # --- access control (bootstrap_cluster, with an administrator's token) -------------
+
+    def pools(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /pools``: the pools the caller may audit (``poolid``, ``comment``)."""
+        return list(self._data(Call("pools", "GET", "/pools"), deadline) or [])
+
+    def create_pool(
+        self, poolid: str, *, comment: str | None = None, deadline: Deadline | None = None
+    ) -> None:
+        params = {"poolid": poolid}
+        if comment:
+            params["comment"] = comment
+        self._data(Call("create_pool", "POST", "/pools", params=params), deadline)
+
+    def roles(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /access/roles``: ``roleid``, ``privs`` (comma-separated), ``special``."""
+        return list(self._data(Call("roles", "GET", "/access/roles"), deadline) or [])
+
+    def create_role(
+        self, roleid: str, *, privs: list[str], deadline: Deadline | None = None
+    ) -> None:
+        call = Call(
+            "create_role",
+            "POST",
+            "/access/roles",
+            params={"roleid": roleid, "privs": ",".join(privs)},
+        )
+        self._data(call, deadline)
+
+    def update_role(
+        self, roleid: str, *, privs: list[str], deadline: Deadline | None = None
+    ) -> None:
+        """Set the role's privileges to exactly ``privs`` (``append`` left unset: replace)."""
+        call = Call(
+            "update_role",
+            "PUT",
+            "/access/roles/{roleid}",
+            {"roleid": roleid},
+            {"privs": ",".join(privs)},
+        )
+        self._data(call, deadline)
+
+    def users(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /access/users?full=1``: users with their ``tokens``."""
+        call = Call("users", "GET", "/access/users", params={"full": "1"})
+        return list(self._data(call, deadline) or [])
+
+    def create_user(
+        self, userid: str, *, comment: str | None = None, deadline: Deadline | None = None
+    ) -> None:
+        """A user without a password: proxyhub only ever signs in with its token."""
+        params = {"userid": userid}
+        if comment:
+            params["comment"] = comment
+        self._data(Call("create_user", "POST", "/access/users", params=params), deadline)
+
+    def user_tokens(self, userid: str, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /access/users/{userid}/token``: ``tokenid``, ``privsep``, ``comment``, ``expire``
+        (never the secret: Proxmox returns it only once, at creation)."""
+        call = Call("user_tokens", "GET", "/access/users/{userid}/token", {"userid": userid})
+        return list(self._data(call, deadline) or [])
+
+    def user_token(
+        self, userid: str, tokenid: str, *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
+        call = Call(
+            "user_token",
+            "GET",
+            "/access/users/{userid}/token/{tokenid}",
+            {"userid": userid, "tokenid": tokenid},
+        )
+        return dict(self._data(call, deadline) or {})
+
+    def create_token(
+        self,
+        userid: str,
+        tokenid: str,
+        *,
+        privsep: bool = True,
+        comment: str | None = None,
+        deadline: Deadline | None = None,
+    ) -> dict[str, Any]:
+        """A new API token: ``full-tokenid``, ``info`` and ``value``, the secret, which Proxmox
+        shows this once. The caller must not log the answer."""
+        params = {"privsep": _bool(privsep)}
+        if comment:
+            params["comment"] = comment
+        call = Call(
+            "create_token",
+            "POST",
+            "/access/users/{userid}/token/{tokenid}",
+            {"userid": userid, "tokenid": tokenid},
+            params,
+        )
+        return dict(self._data(call, deadline) or {})
+
+    def delete_token(self, userid: str, tokenid: str, *, deadline: Deadline | None = None) -> None:
+        call = Call(
+            "delete_token",
+            "DELETE",
+            "/access/users/{userid}/token/{tokenid}",
+            {"userid": userid, "tokenid": tokenid},
+        )
+        self._data(call, deadline)
+
+    def acl(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """``GET /access/acl``: ``path``, ``type`` (user, group, token), ``ugid``, ``roleid``,
+        ``propagate``."""
+        return list(self._data(Call("acl", "GET", "/access/acl"), deadline) or [])
+
+    def set_acl(
+        self,
+        path: str,
+        *,
+        roles: list[str],
+        users: list[str] | None = None,
+        tokens: list[str] | None = None,
+        propagate: bool = True,
+        delete: bool = False,
+        deadline: Deadline | None = None,
+    ) -> None:
+        """``PUT /access/acl``: grant ``roles`` on ``path`` to ``users`` and ``tokens`` (with
+        ``delete``, take them away)."""
+        params = {"path": path, "roles": ",".join(roles), "propagate": _bool(propagate)}
+        if delete:
+            params["delete"] = "1"
+        if users:
+            params["users"] = ",".join(users)
+        if tokens:
+            params["tokens"] = ",".join(tokens)
+        self._data(Call("set_acl", "PUT", "/access/acl", params=params), deadline)
+
+    def permissions(
+        self, *, path: str | None = None, deadline: Deadline | None = None
+    ) -> dict[str, dict[str, int]]:
+        """``GET /access/permissions``: the caller's own effective privileges, path ->
+        {privilege: propagate}."""
+        params = {"path": path} if path else {}
+        call = Call("permissions", "GET", "/access/permissions", params=params)
+        data = self._data(call, deadline) or {}
+        return {str(p): dict(v or {}) for p, v in dict(data).items()}
 
     # --- tasks ------------------------------------------------------------------------
 

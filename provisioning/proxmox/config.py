@@ -48,6 +48,11 @@ _STORAGE_RULE = (
     "letter or digit)"
 )
 
+# pve-access-control ``verify_poolname`` (schema format ``pve-poolid``), one level only: a
+# nested pool name would need ACLs on each parent, which the bootstrap does not make.
+_POOL = re.compile(r"[A-Za-z0-9.\-_]{1,64}")
+_POOL_RULE = "a Proxmox pool id (letters, digits, '.', '-' or '_', at most 64 characters)"
+
 _TOP_KEYS = (
     "name",
     "url",
@@ -59,6 +64,7 @@ _TOP_KEYS = (
     "storage",
     "bridge",
     "vlanTag",
+    "pool",
     "vmidRange",
     "templates",
     "machineTypes",
@@ -162,6 +168,9 @@ class ProxmoxConfig:
     storage: str | None = None
     bridge: str | None = None
     vlan_tag: int | None = None
+    # Issue 14: the resource pool every clone joins (``bootstrap_cluster`` makes it); its ACL
+    # is what gives proxyhub's token its rights on the proxy VMs.
+    pool: str | None = None
     vmid_min: int = 100000
     vmid_max: int = 199999
     templates: Mapping[str, TemplateRef] = field(default_factory=dict)
@@ -215,6 +224,7 @@ class ProxmoxConfig:
             "storage": "storage",
             "bridge": "bridge",
             "vlanTag": "vlan_tag",
+            "pool": "pool",
             "vendorData": "vendor_data",
             "installGuestAgent": "install_guest_agent",
         }
@@ -290,6 +300,7 @@ class ProxmoxConfig:
             ("storage", self.storage),
             ("bridge", self.bridge),
             ("vlanTag", self.vlan_tag),
+            ("pool", self.pool),
         ):
             if value is not None:
                 out[key] = value
@@ -367,6 +378,10 @@ class ProxmoxConfig:
             _is_int(self.vlan_tag) and VLAN_MIN <= self.vlan_tag <= VLAN_MAX
         ):
             bad("vlanTag", f"an integer from {VLAN_MIN} to {VLAN_MAX} when set", self.vlan_tag)
+        if self.pool is not None and not (
+            isinstance(self.pool, str) and _POOL.fullmatch(self.pool)
+        ):
+            bad("pool", _POOL_RULE + " when set", self.pool)
 
         range_ok = True
         if not (_is_int(self.vmid_min) and VMID_FLOOR <= self.vmid_min <= VMID_CEILING):

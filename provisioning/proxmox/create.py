@@ -354,6 +354,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 full=True,
                 storage=self.config.storage,
                 target=node if node != template_node else None,
+                pool=self.config.pool,  # issue 14: the pool's ACL covers the new VM
                 deadline=deadline,
             )
         except ApiError as err:

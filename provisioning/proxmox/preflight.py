@@ -48,6 +48,7 @@ CHECK_CODES = (
     "bridge",
     "vmid_candidate",
     "node_online",
+    "privileges",
 )
 
 
@@ -55,7 +56,8 @@ def preflight(
     api: Api, config: ProxmoxConfig, plan: Plan, *, deadline: Deadline | None = None
 ) -> list[Check]:
     """Check ``plan`` against Proxmox with GET requests only; one ``Check`` per applicable
-    code, in ``CHECK_CODES`` order (``template_boot_disk`` only when the plan sets diskGiB)."""
+    code, in ``CHECK_CODES`` order (``template_boot_disk`` only when the plan sets diskGiB,
+    ``privileges`` only when the cluster has a pool)."""
     if plan.cluster != config.name:
         raise ValueError(f"the plan is for cluster {plan.cluster}, not {config.name}")
     started = time.monotonic()
@@ -90,6 +92,9 @@ def _run(checks: PreflightChecks) -> list[Check]:
         ("vmid_candidate", checks.vmid_candidate),
         ("node_online", checks.node_online),
     ]
+    if checks.config.pool:
+        # Issue 14: a bootstrapped cluster's token is checked against what the create needs.
+        runs.append(("privileges", checks.privileges))
     return [_guarded(code, check) for code, check in runs]
 
 

@@ -38,6 +38,7 @@ from .disks import GIB, boot_disk, cloudinit_drive, disk_size_bytes, gib, is_cdr
 from .errors import ClassifiedError
 from .ownership import judge
 from .preflight_reads import PreflightReads, try_read
+from .privileges import AclTargets, compare, required_by_path
 
 Status = Literal["passed", "failed", "unknown"]
 
@@ -398,6 +399,60 @@ class PreflightChecks(PreflightReads):
         return Check(code, "failed", taken)
 
     # --- nodes ------------------------------------------------------------------------------
+
+    # --- the token's privileges (issue 14) ----------------------------------------------
+
+    def privileges(self) -> Check:
+        """With a pool configured (a bootstrapped cluster), the token's own permissions (``GET
+        /access/permissions``) against what this plan's create needs on its pool, template,
+        storages, bridge and node: a missing privilege fails, naming it and its path; one
+        beyond proxyhub's role is a warning in the message."""
+        code, vmid = "privileges", self.plan.template_vmid
+        config, why = self._template_config()
+        storages = {self.plan.iso_storage}
+        bridges: set[str] = set()
+        if self.plan.storage:
+            storages.add(self.plan.storage)
+        if self.plan.bridge:
+            bridges.add(self.plan.bridge)
+        if (not self.plan.storage or not self.plan.bridge) and config is None:
+            return Check(code, "unknown", f"privileges could not be checked: {why}")
+        if config is not None:
+            if not self.plan.storage:
+                storages.update(
+                    s
+                    for key, value in config.items()
+                    if is_disk_key(key)
+                    and not is_cdrom(value)
+                    and (s := _volume_storage(value)) is not None
+                )
+            if not self.plan.bridge and (bridge := _option(config.get("net0", ""), "bridge")):
+                bridges.add(bridge)
+        targets = AclTargets(
+            pool=str(self.config.pool),
+            templates=(vmid,),
+            storages=tuple(sorted(storages)),
+            bridges=tuple(sorted(bridges)),
+            nodes=(self.plan.node,),
+        )
+        read = self._once("permissions", lambda: self.api.permissions(deadline=self.deadline))
+        if not read.ok:
+            return Check(code, "unknown", f"privileges could not be checked: {read.reason()}")
+        report = compare(required_by_path(targets), read.value)
+        warnings = "; ".join(
+            f"{priv} on {path} is beyond proxyhub's role"
+            for path, privs in report.extra.items()
+            for priv in privs
+        )
+        if report.missing:
+            missing = "; ".join(
+                f"missing {priv} on {path}"
+                for path, privs in report.missing.items()
+                for priv in privs
+            )
+            return Check(code, "failed", missing + (f" (warning: {warnings})" if warnings else ""))
+        message = "the token holds every privilege the create needs"
+        return Check(code, "passed", message + (f" (warning: {warnings})" if warnings else ""))
 
     def node_online(self) -> Check:
         """The proxy's node, and the template's when the clone runs elsewhere (§1.4: 595)."""

@@ -216,6 +216,7 @@ def _column_problems(config: ProxmoxConfig, where: str) -> list[FieldError]:
         ("isoStorage", "iso_storage"),
         ("storage", "storage"),
         ("bridge", "bridge"),
+        ("pool", "pool"),
     ):
         value = getattr(config, attr)
         limit = _max_length(Cluster, attr)

@@ -212,13 +212,14 @@ _SCALARS = (
     ("storage", "storage", "storage"),
     ("bridge", "bridge", "bridge"),
     ("vlanTag", "vlan_tag", "vlan_tag"),
+    ("pool", "pool", "pool"),
     ("vmidRange.min", "vmid_min", "vmid_min"),
     ("vmidRange.max", "vmid_max", "vmid_max"),
     ("requestTimeoutSeconds", "request_timeout_seconds", "request_timeout_seconds"),
     ("vendorData", "vendor_data", "vendor_data"),
     ("installGuestAgent", "install_guest_agent", "install_guest_agent"),
 )
-_BLANK_WHEN_UNSET = frozenset({"ca_file", "storage", "bridge", "vendor_data"})
+_BLANK_WHEN_UNSET = frozenset({"ca_file", "storage", "bridge", "pool", "vendor_data"})
 
 
 def _trusted_fingerprint(plan: DocumentPlan, cluster: Cluster | None) -> str:

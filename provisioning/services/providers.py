@@ -10,6 +10,7 @@ Tests swap the transport for the in-process simulator with ``use_transport_facto
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -89,6 +90,13 @@ def provider_for(cluster: Cluster) -> Provider:
                 close()
         _cache[key] = provider
     return provider
+
+
+def api_with_token_file(config: ProxmoxConfig, token_file: str) -> Api:
+    """An uncached ``Api`` for ``config`` that signs in with ``token_file`` instead of the
+    cluster's own: ``bootstrap_cluster``'s administrator token, used once and never kept."""
+    transport = (_factory or _http_transport)(dataclasses.replace(config, token_file=token_file))
+    return Api(transport, reads=_read_retry(), label=config.name)
 
 
 def forget_providers() -> None:

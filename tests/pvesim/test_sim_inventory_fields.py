@@ -44,7 +44,7 @@ def test_a_guest_moves_between_pools_and_leaves_its_pool_when_destroyed(
     engine.control.advance(5)
     assert 101 not in _entries(api)
     assert engine.control.vm(102)["pool"] is None
-    assert 101 not in engine.cluster.pools["b"]
+    assert 101 not in engine.cluster.access.pools["b"].vms
 
 
 def test_a_container_is_listed_with_its_type_hostname_and_tags(api: Api) -> None:

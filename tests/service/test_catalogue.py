@@ -444,6 +444,7 @@ def test_export_round_trips_through_import(tmp_path: Path, token_file: str) -> N
         caFile=token_file,
         storage="local-lvm",
         bridge="vmbr1",
+        pool="proxyhub",  # issue 14: optional, proxyhub's own key
         vmidRange={"min": 300000, "max": 300999},
         requestTimeoutSeconds=7.5,
         vendorData="#cloud-config\nruncmd:\n  - [touch, /x]\n",
@@ -467,6 +468,9 @@ def test_export_round_trips_through_import(tmp_path: Path, token_file: str) -> N
     catalogue_import(catalogue_load([str(path)]))
     assert {c.name: c.proxmox_config("x") for c in Cluster.objects.all()} == configs
     assert "vendorData: |" in full_export  # multi-line text reads as a block
+    assert Cluster.objects.get(name="proxmox-home").pool == "proxyhub"
+    assert Cluster.objects.get(name="proxmox-lab").pool == ""  # unset stays unset
+    assert "pool:" not in full_export.split("name: proxmox-lab", 1)[1]
 
 
 VENDOR_CANARY = "vendor-canary-5e1d0c"

@@ -45,6 +45,20 @@ class RecordingTransport:
         "task_status": {"status": "stopped", "exitstatus": "OK"},
         "task_log": [{"n": 1, "t": "TASK OK"}],
         "node_tasks": [],
+        "pools": [],
+        "create_pool": None,
+        "roles": [],
+        "create_role": None,
+        "update_role": None,
+        "users": [],
+        "create_user": None,
+        "user_tokens": [],
+        "user_token": {"privsep": 1},
+        "create_token": {"full-tokenid": "proxyhub@pve!proxyhub", "info": {}, "value": "x"},
+        "delete_token": None,
+        "acl": [],
+        "set_acl": None,
+        "permissions": {},
     }
 
     def __init__(self) -> None:
@@ -117,6 +131,7 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
             target="pve2",
         ),
         lambda a: a.clone("pve1", 9001, newid=100124, name="proxy-fra-2", full=False),
+        lambda a: a.clone("pve1", 9001, newid=100125, name="proxy-fra-3", pool="proxyhub"),
     ],
     "resize": [
         lambda a: a.resize("pve1", 100123, disk="scsi0", size="10G"),
@@ -144,6 +159,32 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
         lambda a: a.task_log("pve1", UPID),
         lambda a: a.task_log("pve1", UPID, start=50, limit=50),
     ],
+    # Issue 14: the bootstrap's access-control calls and the privileges preflight.
+    "pools": [lambda a: a.pools()],
+    "create_pool": [
+        lambda a: a.create_pool("proxyhub"),
+        lambda a: a.create_pool("proxyhub", comment="proxyhub proxy VMs"),
+    ],
+    "roles": [lambda a: a.roles()],
+    "create_role": [lambda a: a.create_role("ProxyHub", privs=["VM.Audit", "VM.Clone"])],
+    "update_role": [lambda a: a.update_role("ProxyHub", privs=["VM.Audit"])],
+    "users": [lambda a: a.users()],
+    "create_user": [lambda a: a.create_user("proxyhub@pve", comment="proxyhub service account")],
+    "user_tokens": [lambda a: a.user_tokens("proxyhub@pve")],
+    "user_token": [lambda a: a.user_token("proxyhub@pve", "proxyhub")],
+    "create_token": [lambda a: a.create_token("proxyhub@pve", "proxyhub", comment="proxyhub")],
+    "delete_token": [lambda a: a.delete_token("proxyhub@pve", "proxyhub")],
+    "acl": [lambda a: a.acl()],
+    "set_acl": [
+        lambda a: a.set_acl(
+            "/pool/proxyhub",
+            roles=["ProxyHub"],
+            users=["proxyhub@pve"],
+            tokens=["proxyhub@pve!proxyhub"],
+        ),
+        lambda a: a.set_acl("/", roles=["Administrator"], users=["proxyhub@pve"], delete=True),
+    ],
+    "permissions": [lambda a: a.permissions(), lambda a: a.permissions(path="/pool/proxyhub")],
 }
 
 

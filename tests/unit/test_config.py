@@ -253,7 +253,7 @@ def test_every_problem_is_collected_in_document_order_with_the_prefix() -> None:
         "clusters[2].machineTypes.big.memoryMiB: is required",
         "clusters[2].machineTypes.small.cores: must be an integer of at least 1, got 0",
         "clusters[2].extra: is not a known key; allowed: name, url, tokenFile, caFile, "
-        "insecureSkipTLSVerify, nodes, isoStorage, storage, bridge, vlanTag, vmidRange, "
+        "insecureSkipTLSVerify, nodes, isoStorage, storage, bridge, vlanTag, pool, vmidRange, "
         "templates, machineTypes, requestTimeoutSeconds, vendorData, installGuestAgent",
     ]
     with pytest.raises(ConfigError) as caught:
@@ -383,3 +383,16 @@ def test_resolve_machine_type_and_template() -> None:
     assert "debian-13" in caught.value.remediation
     with pytest.raises(PermanentError):
         resolve_template(ONE_NODE, "")
+
+
+def test_pool_is_optional_checked_and_exported() -> None:
+    """Issue 14: ``pool`` (the resource pool clones join) is an optional catalogue key."""
+    config = ProxmoxConfig.from_mapping(_doc(pool="proxyhub"), installation_id=INSTALLATION)
+    assert config.pool == "proxyhub"
+    assert config.to_mapping()["pool"] == "proxyhub"
+    assert (
+        "pool" not in ProxmoxConfig.from_mapping(_doc(), installation_id=INSTALLATION).to_mapping()
+    )
+    with pytest.raises(ConfigError) as err:
+        ProxmoxConfig.from_mapping(_doc(pool="a/b c"), installation_id=INSTALLATION)
+    assert str(err.value).startswith("pool: must be a Proxmox pool id")
