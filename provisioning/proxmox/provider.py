@@ -31,6 +31,7 @@ from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
 from .delete import DeleteMachine, DeleteRequest
 from .delete import new_progress as new_delete_progress
 from .errors import classify
+from .identity import Identity
 from .observe import (
     Instance,
     ManagedVM,
@@ -166,9 +167,19 @@ class Provider:
         *,
         listing: Sequence[Mapping[str, Any]] | None = None,
         node: str | None = None,
+        identity: Identity | None = None,
         deadline: Deadline | None = None,
     ) -> Instance:
-        return get(self.api, provider_id, listing=listing, node=node, deadline=deadline)
+        """The VM as Proxmox shows it (``observe.get``); ``identity``: the one recorded for it,
+        compared with the VM's (seed 001)."""
+        return get(
+            self.api,
+            provider_id,
+            listing=listing,
+            node=node,
+            identity=identity,
+            deadline=deadline,
+        )
 
     def list_managed(
         self,
