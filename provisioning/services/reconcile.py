@@ -46,6 +46,7 @@ from provisioning.models.choices import (
     Phase,
 )
 from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
+from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.observe import Instance
 
 from . import circuit, operations
@@ -53,6 +54,7 @@ from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
 from .rounds import round_timing
+from .runners import NO_IDENTITY, recorded_identity
 
 log = logging.getLogger("proxyhub.reconcile")
 
@@ -159,9 +161,21 @@ def _decide(
     if not _needs_read(proxy, entry):
         return Decision("converged")
     try:
-        instance = provider.get(proxy.provider_id, listing=listing)
+        instance = provider.get(
+            proxy.provider_id, listing=listing, identity=recorded_identity(proxy)
+        )
     except NotFoundError:
         return _recreate("its VM is gone")
+    except IdentityMismatch as err:
+        # Seed 001: our name and mark on another VM (restored, or re-created at the VMID). It
+        # is neither ours nor gone: shown on the proxy, latched Failed so no round acts on it,
+        # and never recreated over, started, stopped or destroyed.
+        observed = {
+            "phase": Phase.FAILED,
+            "last_error": str(err),
+            "last_error_class": ErrorClass.IDENTITY,
+        }
+        return Decision("identity_mismatch", observed)
     except ClassifiedError as err:
         return Decision(
             "unreadable",
@@ -192,7 +206,13 @@ def _decide(
 
 
 def _recreate(why: str) -> Decision:
-    observed = {"provider_id": "", "vmid": None, "ip": None, "phase": Phase.PENDING}
+    observed = {
+        "provider_id": "",
+        "vmid": None,
+        "ip": None,
+        "phase": Phase.PENDING,
+        **NO_IDENTITY,
+    }
     return Decision("recreate", observed, OperationKind.CREATE, why)
 
 
@@ -212,6 +232,9 @@ def _observed(instance: Instance) -> dict[str, Any]:
         "vm_created_at": instance.created_at,
         "last_error": "",
         "last_error_class": "",
+        # The recorded identity, or the first one for a proxy from before it was kept.
+        "smbios_uuid": instance.smbios_uuid,
+        "vmgenid": instance.vmgenid,
     }
 
 
