@@ -61,7 +61,7 @@ TUN = {"name": "tun0", "ip-addresses": [{"ip-address": "10.8.0.1", "ip-address-t
         (
             [{"hardware-address": NET0, "ip-addresses": "1.2.3.4"}, _iface("e", "10.0.0.9")],
             "10.0.0.9",
-        ),  # noqa: E501
+        ),
     ],
 )
 def test_pick_address_table(interfaces: list[dict[str, Any]], expected: str | None) -> None:
