@@ -95,9 +95,7 @@ def test_a_retry_does_not_adopt_the_recreated_vm(pump: Pump, sim: Sim) -> None:
     assert sim.ledger_mutations() == []
 
 
-def test_accepting_the_found_vm_adopts_it_and_records_its_identity(
-    pump: Pump, sim: Sim
-) -> None:
+def test_accepting_the_found_vm_adopts_it_and_records_its_identity(pump: Pump, sim: Sim) -> None:
     proxy = _restored(pump, sim, "acc")
     pump.call(reconcile_round)
     pump.run()
