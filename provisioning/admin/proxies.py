@@ -57,6 +57,8 @@ OBSERVED = (
     "address",
     "console_link",
     "vm_created",
+    "smbios_uuid",
+    "vmgenid",
     "observed_at",
     "last_error",
     "last_error_class",
@@ -77,7 +79,7 @@ class ProxyAdmin(GuardedActionsMixin):
         "age",
     )
     list_select_related = ("cluster",)
-    list_filter = ("phase", "cluster", "node", "machine_type", "image")
+    list_filter = ("phase", "last_error_class", "cluster", "node", "machine_type", "image")
     search_fields = ("name",)
     search_help_text = (
         "Name (part of it), or exactly a UID, a VMID, or an address (or its start, like 10.0.3.)"
@@ -91,6 +93,7 @@ class ProxyAdmin(GuardedActionsMixin):
     actions = (
         actions.provision,
         actions.replace,
+        actions.accept_vm,
         actions.start,
         actions.shutdown,
         actions.reboot,
