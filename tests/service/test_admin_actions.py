@@ -307,3 +307,17 @@ def test_accept_vm_confirms_then_adopts_only_the_proxy_with_an_identity_mismatch
     assert Proxy.objects.get(pk=beta.pk).smbios_uuid == beta.smbios_uuid
     # Adopted, not replaced: the only clones are alpha's and beta's first creates.
     assert len(sim.engine.ledger.mutations(key=CLONE)) == 2
+
+
+def test_the_power_confirmation_refuses_a_recreated_vm(
+    pump: Pump, sim: Sim, people: People
+) -> None:
+    """Seed 001: the page's read already compares the recorded identity; nothing is sent."""
+    (alpha,) = running(pump, sim, "alpha")
+    sim.engine.control.recreate_vm(int(alpha.vmid or 0))
+    sim.settle(1.0)
+    sim.engine.ledger.clear()
+    page = people.client("operator").post(PROXY_LIST, changelist_post("start", [alpha]))
+    assert page.status_code == 200
+    assert "not the VM proxyhub made" in page.content.decode()
+    assert sim.engine.ledger.mutations() == []
