@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -137,7 +138,7 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         if proxy.pk in busy:
             counts["busy"] += 1
             continue
-        decision = _decide(proxy, provider, listing, by_vmid)
+        decision = _decide(proxy, provider, listing, by_vmid, now)
         counts[_apply(proxy, decision)] += 1
     return counts
 
@@ -150,6 +151,7 @@ def _decide(
     provider: Any,
     listing: list[dict[str, Any]],
     by_vmid: Mapping[int, Mapping[str, Any]],
+    now: datetime,
 ) -> Decision:
     if proxy.desired_state == DesiredState.DELETED:
         return Decision("delete", kind=OperationKind.DELETE, reason="the proxy is to be deleted")
@@ -158,7 +160,7 @@ def _decide(
     entry = by_vmid.get(proxy.vmid or -1)
     if entry is None or (entry.get("name") and entry.get("name") != proxy.vm_name):
         return _recreate("its VM is gone")
-    if not _needs_read(proxy, entry):
+    if not _needs_read(proxy, entry, now):
         return Decision("converged")
     try:
         instance = provider.get(
@@ -216,12 +218,30 @@ def _recreate(why: str) -> Decision:
     return Decision("recreate", observed, OperationKind.CREATE, why)
 
 
-def _needs_read(proxy: Proxy, entry: Mapping[str, Any]) -> bool:
+def _needs_read(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
     """Whether the listing alone cannot confirm the proxy's state."""
+    if _started_since_observed(proxy, entry, now):
+        # The listing cannot show identity (seed 001): a VM started since the proxy was last
+        # observed may be another one (restored, or re-created at the VMID) and gets one read.
+        return True
     running = entry.get("status") == "running" and not entry.get("lock")
     if proxy.desired_power == DesiredPower.OFF:
         return running or proxy.phase != Phase.STOPPED
     return not (running and proxy.phase == Phase.RUNNING and proxy.ip)
+
+
+# The listing's figures come from pvestatd's last pass (up to 10 s old, pve-reference §7.9): an
+# ``uptime`` that old makes a start look later than it was, so a start this close to the last
+# observation is taken for the one that observation saw (else every fresh proxy is read twice).
+_RESTART_SLACK = timedelta(seconds=10)
+
+
+def _started_since_observed(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
+    """Whether the VM's ``uptime`` says it (re)started after the proxy was last observed."""
+    uptime = entry.get("uptime")
+    if proxy.observed_at is None or not isinstance(uptime, int | float) or uptime <= 0:
+        return False
+    return now - timedelta(seconds=float(uptime)) > proxy.observed_at + _RESTART_SLACK
 
 
 def _observed(instance: Instance) -> dict[str, Any]:

@@ -7,6 +7,8 @@ Runs on SQLite and on PostgreSQL (``DATABASE_URL``), as every control-loop test 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from pump import Pump, Sim, running_fleet
 
@@ -14,6 +16,7 @@ from provisioning.models import Operation, Proxy
 from provisioning.models.choices import ErrorClass, OperationKind, OperationState, Phase
 from provisioning.proxmox.identity import identity_of
 from provisioning.services import operations
+from provisioning.services.clock import db_now
 from provisioning.services.reconcile import reconcile_round
 
 pytestmark = pytest.mark.django_db
@@ -129,3 +132,31 @@ def test_a_proxy_from_before_identity_records_it_at_its_first_observation(
     fresh = Proxy.objects.get(pk=proxy.pk)
     assert (fresh.smbios_uuid, fresh.vmgenid) == (proxy.smbios_uuid, proxy.vmgenid)
     assert fresh.phase == Phase.RUNNING
+
+
+def test_a_recreated_vm_started_before_the_next_round_is_still_found(pump: Pump, sim: Sim) -> None:
+    """A converged running proxy is settled from the listing alone (one request per cluster).
+    A VM re-created and started behind proxyhub's back looks the same there, except that its
+    ``uptime`` says it started after the proxy was last observed: that earns it a read, and
+    the read compares the identity."""
+    proxy = _restored(pump, sim, "upt")
+    # Last observed a minute ago; the impostor starts now.
+    Proxy.objects.filter(pk=proxy.pk).update(observed_at=db_now() - timedelta(minutes=1))
+    sim.api.start(proxy.node, int(proxy.vmid or 0))
+    sim.settle(12.0 * 0.05 + 1.0)  # the listing shows it running (pvestatd's lag, scaled)
+    sim.engine.ledger.clear()
+    entry = next(e for e in sim.api.cluster_resources() if e.get("vmid") == proxy.vmid)
+    assert entry["status"] == "running" and entry["name"] == proxy.vm_name
+    pump.call(reconcile_round)
+    pump.run()
+    _shows_mismatch(proxy)
+    assert sim.ledger_mutations() == []
+
+
+def test_a_converged_proxy_costs_one_listing_per_round(pump: Pump, sim: Sim) -> None:
+    running_fleet(pump, sim, 1, prefix="conv", zone="pve1")
+    sim.settle(1.0)
+    sim.engine.ledger.clear()
+    pump.call(reconcile_round)
+    pump.run()
+    assert [e.key for e in sim.engine.ledger.calls()] == ["GET /cluster/resources"]
