@@ -12,6 +12,10 @@ a different one per VLAN tag, and are fixed per VMID:
 * a bridge the node does not have, or ``link_down=1``: no IPv4 ever (no DHCP answers).
 
 The host part is ``2 + vmid % 65532``, so VMIDs within any window of 65532 never collide.
+
+A guest may list more interfaces than its NICs (docker0, tun0, a bridge of its own; §7.19): a
+test scripts them per guest (``Control.set_guest_interfaces``), before or after the NICs, and
+may keep the NICs on IPv6 only.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ def assert_agent(guest: Guest, profile: Profile, now: float) -> None:
 
 
 def interfaces(guest: Guest, node: Node, profile: Profile, now: float) -> list[dict[str, Any]]:
-    """``guest-network-get-interfaces``: ``lo`` then one ``ethN`` per ``netN``, in index order."""
+    """``guest-network-get-interfaces``: ``lo`` then one ``ethN`` per ``netN``, in index order,
+    with the guest's scripted extra interfaces after them (or right after ``lo``)."""
     out: list[dict[str, Any]] = [
         {
             "hardware-address": "00:00:00:00:00:00",
@@ -91,7 +96,7 @@ def interfaces(guest: Guest, node: Node, profile: Profile, now: float) -> list[d
         mac = net.get("macaddr", "00:00:00:00:00:00").lower()
         addresses: list[dict[str, Any]] = []
         reachable = net.get("bridge") in node.bridges and net.get("link_down") != "1"
-        if has_lease and reachable:
+        if has_lease and reachable and guest.nic_ipv4:
             address = guest_ipv4(guest.vmid, net_tag(net))
             addresses.append({"ip-address": str(address), "ip-address-type": "ipv4", "prefix": 16})
         addresses.append({"ip-address": _link_local(mac), "ip-address-type": "ipv6", "prefix": 64})
@@ -103,7 +108,10 @@ def interfaces(guest: Guest, node: Node, profile: Profile, now: float) -> list[d
                 "statistics": _stats(guest, position + 1),
             }
         )
-    return out
+    extras = [dict(i) for i in guest.extra_interfaces]
+    if guest.extra_first:
+        return [out[0], *extras, *out[1:]]
+    return [*out, *extras]
 
 
 def _stats(guest: Guest, salt: int) -> dict[str, int]:

@@ -10,7 +10,9 @@ Faults: ``error_rate`` (seeded), ``fail_call`` (the Nth matching call, determini
 ``drop_reply`` (applied, then the connection resets), ``latency``. Cluster: ``node_offline``
 / ``node_online``. Guests: ``pause_vm``, ``resume_vm``, ``hibernate_vm`` (the ``suspended``
 lock), ``set_lock``/``clear_lock``, ``remove_agent``, ``set_ha``, ``set_pool``, ``set_hookscript``,
-``add_pending``, ``create_vms`` (bulk, for 10,000-VM benchmarks). Tasks:
+``add_pending``, ``create_vms`` (bulk, for 10,000-VM benchmarks), ``recreate_vm`` (the same
+VM made again at its VMID: a new SMBIOS UUID and vmgenid), ``set_guest_interfaces`` (what the
+guest agent lists besides the NICs). Tasks:
 ``fail_next_task``, ``tasks`` (every task's node, type and times, for the benchmarks' per-node
 in-flight series). Permissions: ``deny``/``allow``. Time: ``advance`` (manual clock only).
 """
@@ -18,6 +20,7 @@ in-flight series). Permissions: ``deny``/``allow``. Time: ``advance`` (manual cl
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -65,6 +68,8 @@ _HTTP_POST = frozenset(
         "set_hookscript",
         "add_pending",
         "create_vms",
+        "recreate_vm",
+        "set_guest_interfaces",
         "fail_next_task",
         "deny",
         "allow",
@@ -314,6 +319,62 @@ class Control:
             else:
                 guest.pending[key] = coerce(guest.kind, key, value)
             guest.changed()
+
+    def recreate_vm(self, vmid: int) -> dict[str, str]:
+        """The VM destroyed and created again at its VMID with the same config (name, mark in
+        the description, disks, NICs), as a re-create from a saved config or a restore from
+        backup does behind proxyhub's back. Proxmox's create adds a fresh ``smbios1`` uuid and
+        generates a ``vmgenid`` (pve-reference §5.6); the other ``smbios1`` fields are kept. The
+        reference does not say whether ``qmrestore`` keeps them; this models the VM that must
+        not be taken for the old one. The new VM is stopped. Returns the new identity."""
+        with self._locked():
+            guest = self._guest(vmid)
+            if guest.kind != "qemu":
+                raise ControlError(f"guest {vmid} is not a VM")
+            rng = self._engine.cluster.rng
+            kept = [
+                part
+                for part in str(guest.config.get("smbios1", "")).split(",")
+                if part and not part.startswith("uuid=")
+            ]
+            smbios = ",".join([f"uuid={uuid.UUID(int=rng.getrandbits(128), version=4)}", *kept])
+            genid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+            power_off(guest)
+            guest.config.pop("lock", None)
+            guest.config["smbios1"] = smbios
+            guest.config["vmgenid"] = genid
+            guest.pending.clear()
+            guest.pending_delete.clear()
+            guest.changed()
+            return {"smbios1": smbios, "vmgenid": genid}
+
+    def set_guest_interfaces(
+        self,
+        vmid: int,
+        interfaces: list[dict[str, Any]],
+        first: bool = False,
+        nic_ipv4: bool = True,
+    ) -> None:
+        """What the guest agent lists besides ``lo`` and the NICs (pve-reference §7.19 shape:
+        ``name``, ``hardware-address``, ``ip-addresses`` of ``{ip-address, ip-address-type,
+        prefix}``), e.g. ``docker0`` and ``tun0``; ``first`` lists them before the NICs;
+        ``nic_ipv4`` false leaves the NICs with IPv6 only. Clones made later inherit it."""
+        checked: list[dict[str, Any]] = []
+        for item in interfaces:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise ControlError("each interface needs a name")
+            addresses = item.get("ip-addresses", [])
+            if not isinstance(addresses, list) or not all(
+                isinstance(a, dict) and a.get("ip-address-type") in ("ipv4", "ipv6")
+                for a in addresses
+            ):
+                raise ControlError("ip-addresses: a list of {ip-address, ip-address-type, prefix}")
+            checked.append(dict(item))
+        with self._locked():
+            guest = self._guest(vmid)
+            guest.extra_interfaces = checked
+            guest.extra_first = bool(first)
+            guest.nic_ipv4 = bool(nic_ipv4)
 
     def create_vms(
         self,

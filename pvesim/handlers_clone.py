@@ -180,6 +180,9 @@ def vm_clone(ctx: Ctx) -> str:
             clone.config = new_config
             clone.temp = False
             clone.agent_baked = source.agent_baked
+            clone.extra_interfaces = [dict(i) for i in source.extra_interfaces]
+            clone.extra_first = source.extra_first
+            clone.nic_ipv4 = source.nic_ipv4
             clone.lock_holder = None
             if target is not None:
                 clone.node = target

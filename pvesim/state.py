@@ -154,6 +154,13 @@ class Guest:
     pid: int = 0
     agent_baked: bool = False
     agent_installed: bool = False
+    # What else the guest's agent lists besides ``lo`` and one ``ethN`` per ``netN`` (docker0,
+    # tun0...; pve-reference §7.19), in the agent's own shape; ``extra_first`` lists them before
+    # the NICs; ``nic_ipv4`` false keeps the NICs on IPv6 only. Inherited by clones, like
+    # ``agent_baked``: they come with the image.
+    extra_interfaces: list[dict[str, Any]] = field(default_factory=list)
+    extra_first: bool = False
+    nic_ipv4: bool = True
     ha_state: str | None = None  # None: not HA-managed
     created_at: float = 0.0  # engine clock, for pvestatd's first report
     temp: bool = False  # a clone target still holding the temporary config

@@ -22,7 +22,13 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from provisioning.models import Operation, Proxy
-from provisioning.models.choices import ACTIVE_STATES, DesiredState, OperationKind, RequestedVia
+from provisioning.models.choices import (
+    ACTIVE_STATES,
+    DesiredState,
+    ErrorClass,
+    OperationKind,
+    RequestedVia,
+)
 from provisioning.proxmox.power_checks import Action
 from provisioning.proxmox.seed import seed_iso_name, seed_volid
 from provisioning.services import operations
@@ -38,6 +44,7 @@ ADMIN = RequestedVia.ADMIN
 SHORT_LABELS = {
     "provision": "Provision or retry",
     "replace": "Replace its VM…",
+    "accept_vm": "Accept the VM found…",
     "start": "Start…",
     "shutdown": "Shut down…",
     "reboot": "Reboot…",
@@ -213,6 +220,85 @@ def replace(
         columns=["Proxy", "Node", "VMID", "Provider id", "Phase"],
         rows=rows,
         submit="Yes, replace them",
+        submit_count=sum(1 for r in rows if not r["skip"]),
+    )
+
+
+# --- accept the VM found (seed 001 identity) ---------------------------------------------------
+
+
+@admin.action(permissions=["provision"], description="Accept the VM found (identity mismatch)…")
+def accept_vm(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Proxy]
+) -> TemplateResponse | None:
+    """Take the VM that carries a proxy's name and mark but not its recorded identity (restored
+    from a backup on purpose) as the proxy's own: its identity is recorded and the proxy is
+    retried, which adopts it (confirmed first: the VM is then started and written to)."""
+    if too_many(modeladmin, request, queryset):
+        return None
+    proxies = list(queryset)
+
+    def skip_reason(proxy: Proxy) -> str:
+        return "" if proxy.last_error_class == ErrorClass.IDENTITY else "shows no identity mismatch"
+
+    if confirmed(request):
+        done: list[str] = []
+        skipped: list[str] = []
+        for proxy in proxies:
+            reason = skip_reason(proxy)
+            if not reason:
+                try:
+                    operations.proxy_accept_vm(
+                        proxy=proxy,
+                        user=request.user,
+                        via=ADMIN,
+                        idempotency_key=door_key(request, "accept_vm", proxy),
+                    )
+                except ValidationError as err:
+                    reason = _errors(err)
+            if reason:
+                skipped.append(f"{proxy.name} {reason}")
+            else:
+                done.append(proxy.name)
+        if done:
+            modeladmin.message_user(
+                request,
+                ngettext(
+                    "Accepted the VM found for %(count)d proxy: %(names)s.",
+                    "Accepted the VMs found for %(count)d proxies: %(names)s.",
+                    len(done),
+                )
+                % {"count": len(done), "names": _names(done)},
+                messages.SUCCESS,
+            )
+        _report_skipped(modeladmin, request, skipped)
+        return None
+    rows = [
+        {
+            "cells": [
+                proxy.name,
+                proxy.node,
+                proxy.vmid or "",
+                proxy.smbios_uuid or "(none recorded)",
+                proxy.last_error,
+            ],
+            "skip": skip_reason(proxy),
+        }
+        for proxy in proxies
+    ]
+    return confirmation(
+        modeladmin,
+        request,
+        proxies,
+        action="accept_vm",
+        title="Accept the VMs found as these proxies' own?",
+        intro="Each VM below carries its proxy's name and mark but not the identity proxyhub "
+        "recorded: it was restored from a backup or created again at the VMID. Accepting it "
+        "records its SMBIOS UUID and vmgenid, and the proxy is provisioned again on it: started "
+        "if stopped, its seed ISO attached. Accept only a VM you know to be the proxy's.",
+        columns=["Proxy", "Node", "VMID", "Recorded SMBIOS UUID", "Mismatch"],
+        rows=rows,
+        submit="Yes, accept them",
         submit_count=sum(1 for r in rows if not r["skip"]),
     )
 

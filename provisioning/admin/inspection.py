@@ -18,6 +18,7 @@ from provisioning.models import Proxy
 from provisioning.models.choices import DesiredState
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import NotFoundError, classify
+from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.power_checks import Action, PowerPreview, PowerRequest
 from provisioning.services.providers import provider_for
 
@@ -105,7 +106,13 @@ def _judge(
         provider = provider_for(proxy.cluster)
         if proxy.cluster_id not in listings:
             listings[proxy.cluster_id] = provider.api.cluster_resources(deadline=deadline)
-        request = PowerRequest.from_provider_id(action, proxy.provider_id, str(proxy.uid))
+        # The recorded identity too (seed 001): a re-created VM is refused on the page already.
+        request = PowerRequest.from_provider_id(
+            action,
+            proxy.provider_id,
+            str(proxy.uid),
+            Identity(proxy.smbios_uuid, proxy.vmgenid),
+        )
         preview = provider.inspect_power(
             request, listing=listings[proxy.cluster_id], deadline=deadline
         )

@@ -57,6 +57,8 @@ OBSERVED = (
     "address",
     "console_link",
     "vm_created",
+    "smbios_uuid",
+    "vmgenid",
     "observed_at",
     "last_error",
     "last_error_class",
@@ -80,6 +82,7 @@ class ProxyAdmin(GuardedActionsMixin):
     # Filters whose choices cost no scan of the proxy table (changelist.py says why).
     list_filter = (
         "phase",
+        "last_error_class",
         ("cluster", changelist.ClusterFilter),
         ("node", changelist.CatalogueValuesFilter),
         ("machine_type", changelist.CatalogueValuesFilter),
@@ -101,6 +104,7 @@ class ProxyAdmin(GuardedActionsMixin):
     actions = (
         actions.provision,
         actions.replace,
+        actions.accept_vm,
         actions.start,
         actions.shutdown,
         actions.reboot,

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("provisioning", "0010_sealing")]
+    dependencies = [("provisioning", "0013_proxy_indexes")]
 
     operations = [
         migrations.AddField(

@@ -30,6 +30,9 @@ class ErrorClass(models.TextChoices):
     PERMANENT = "permanent"
     TRANSIENT = "transient"
     NOT_FOUND = "not_found"
+    # Seed 001: the VM at the proxy's VMID has its name and mark but another SMBIOS UUID or
+    # vmgenid (restored from backup, or re-created). Never acted on; an operator decides.
+    IDENTITY = "identity", "Identity mismatch"
 
 
 class OperationKind(models.TextChoices):

@@ -52,6 +52,11 @@ class Proxy(models.Model):
     node = models.CharField(max_length=63, blank=True)
     ip = models.GenericIPAddressField(null=True, blank=True)
     vm_created_at = models.DateTimeField(null=True, blank=True)
+    # Seed 001's identity of the VM, recorded when a create makes or adopts it (or, for a proxy
+    # from before it was kept, at its first observation); compared on every observation, power
+    # action and delete, so a VM restored from backup or re-created at the VMID is never ours.
+    smbios_uuid = models.CharField("SMBIOS UUID", max_length=36, blank=True, editable=False)
+    vmgenid = models.CharField("vmgenid", max_length=36, blank=True, editable=False)
     spec_hash = models.CharField(max_length=64, blank=True, editable=False)
     last_error = models.TextField(blank=True)
     last_error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)

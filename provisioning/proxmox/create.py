@@ -34,6 +34,7 @@ from typing import Any
 from .deadline import Deadline
 from .disks import boot_disk, disk_size_bytes, gib
 from .errors import ApiError, PermanentError, ReplyLost, TransientError
+from .identity import Identity, check_identity, identity_of
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import complete_mark, render_mark
 from .ownership import Ownership, is_missing, judge, judge_config
@@ -56,7 +57,9 @@ class CreateRequest:
     """What a create needs: the proxy's identity, placement and cloud-init.
 
     ``vm_name`` is ``proxy-<Proxy.name>`` (DESIGN.md §2); ``cloud_init`` is the user-data,
-    kept byte for byte and never logged or shown (``repr`` leaves it out).
+    kept byte for byte and never logged or shown (``repr`` leaves it out). ``identity`` is the
+    SMBIOS UUID and vmgenid recorded for the proxy's VM, if any (seed 001): a VM found at the
+    name with another identity is not adopted.
     """
 
     uid: str
@@ -65,6 +68,7 @@ class CreateRequest:
     image: str
     zone: str = ""
     cloud_init: bytes = field(default=b"", repr=False)
+    identity: Identity = field(default_factory=Identity)
 
 
 def new_progress() -> Progress:
@@ -235,7 +239,19 @@ class CreateMachine(StepMachine[CreateRequest]):
     ) -> StepResult:
         """Our VM exists: running means done; otherwise continue at the seed upload. A mark
         without our uid (entry 2 adopts it) is completed first, so the VM is ours by its mark
-        and not by its name alone."""
+        and not by its name alone.
+
+        Seed 001: a VM whose identity is not the one recorded for the proxy is never adopted
+        (``IdentityMismatch``), unless it sits at the VMID this create chose to clone onto: that
+        one is the clone this create submitted (its reply lost), which no record knows yet.
+        The identity found is recorded in the progress for the caller to keep."""
+        own_clone = progress.get("template_vmid") is not None and progress.get("vmid") == vmid
+        found = (
+            identity_of(config)
+            if own_clone
+            else check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
+        )
+        progress = dict(progress, smbios_uuid=found.smbios_uuid, vmgenid=found.vmgenid)
         description = complete_mark(
             config.get("description"),
             req.uid,
@@ -253,6 +269,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 "lookup",
                 provider_id=format_provider_id(vmid, req.vm_name),
                 message=f"adopted running VM {vmid}",
+                details=_identity_details(done),
             )
         return StepResult(
             "continue",
@@ -509,6 +526,10 @@ class CreateMachine(StepMachine[CreateRequest]):
     ) -> StepResult:
         vmid, node = int(progress["vmid"]), str(progress["node"])
         config = self.api.vm_config(node, vmid, deadline=deadline)
+        # The clone's identity (seed 001), from the read this step makes anyway: Proxmox gave
+        # it a fresh SMBIOS UUID and vmgenid (pve-reference §7.14), and a config write keeps them.
+        made = identity_of(config)
+        progress = dict(progress, smbios_uuid=made.smbios_uuid, vmgenid=made.vmgenid)
         machine = resolve_machine_type(self.config, req.machine_type)
         wanted = desired_config(
             config,
@@ -656,6 +677,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 "running",
                 provider_id=format_provider_id(vmid, req.vm_name),
                 message=f"VM {vmid} is running on {node}",
+                details=_identity_details(progress),
             )
         if status.get("status") != "running":
             raise TransientError(
@@ -681,6 +703,14 @@ def net0_mac(source: Mapping[str, str] | str) -> str | None:
     model = str(value).split(",", 1)[0]
     _, sep, mac = model.partition("=")
     return mac.strip().upper() if sep and mac.strip() else None
+
+
+def _identity_details(progress: Progress) -> dict[str, Any]:
+    """The VM's identity for the caller to record (seed 001), as the progress holds it."""
+    return {
+        "smbios_uuid": str(progress.get("smbios_uuid") or ""),
+        "vmgenid": str(progress.get("vmgenid") or ""),
+    }
 
 
 def _rfc3339(epoch: float) -> str:

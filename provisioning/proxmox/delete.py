@@ -12,18 +12,22 @@ installation and uid) has it attached.
 Name and mark are checked again right before every stop and every destroy, not only at
 ``inspect``: between two steps our VM may be destroyed by someone else and its VMID given to
 another VM, and a late delete must never destroy that one (the stale-VMID bug CAPMOX #856).
-A VM that is not ours is left alone and only our seed ISO is removed.
+A VM that is not ours is left alone and only our seed ISO is removed. A VM with our name and
+mark but another SMBIOS UUID or vmgenid than recorded (seed 001: restored from a backup, or
+created again at our VMID) is neither ours nor gone: the delete stops with ``IdentityMismatch``
+and touches nothing, neither the VM nor the seed it may boot from.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, PermanentError, ProxmoxError, TaskFailed, TransientError
+from .identity import Identity, check_identity
 from .ids import parse_provider_id
 from .marks import parse_mark
 from .ownership import is_missing
@@ -49,6 +53,8 @@ class DeleteRequest:
     # created again elsewhere, a create superseded and tried again): each may still hold the
     # proxy's seed ISO, which step 7 removes along with the one on the VM's node.
     earlier_nodes: tuple[str, ...] = ()
+    # The identity recorded for the VM (seed 001); empty for a record made before it was kept.
+    identity: Identity = field(default_factory=Identity)
 
     @classmethod
     def from_provider_id(cls, provider_id: str, uid: str = "") -> DeleteRequest:
@@ -134,7 +140,8 @@ class DeleteMachine(StepMachine[DeleteRequest]):
     def _ours(
         self, req: DeleteRequest, vmid: int, node: str, config: Mapping[str, str]
     ) -> str | None:
-        """None when the VM is ours; else why it is left alone (logged, never destroyed)."""
+        """None when the VM is ours; else why it is left alone (logged, never destroyed).
+        Raises ``IdentityMismatch`` for our name and mark on another VM (seed 001)."""
         if config.get("name") != req.vm_name:
             why = f"VM {vmid} is now named {config.get('name')!r}: its VMID was reused; left alone"
         else:
@@ -153,6 +160,9 @@ class DeleteMachine(StepMachine[DeleteRequest]):
                     f"{mark.installation or '(none)'}; left alone"
                 )
             else:
+                # Ours by name and mark; the hardware identity must agree too, or this is a
+                # restored or re-created VM: IdentityMismatch, and nothing is done to it.
+                check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
                 return None
         log.info(
             "proxmox vm not ours",

@@ -40,3 +40,37 @@ def rewrite_net0(value: str, *, bridge: str | None, vlan_tag: int | None) -> str
             options[index] = f"{key}={wanted.pop(key)}"
     options.extend(f"{key}={val}" for key, val in wanted.items())
     return ",".join(options)
+
+
+# pve-reference §5.3: the MAC follows the model key (``virtio=BC:24:...``) or is ``macaddr=``.
+_NIC_MODELS = frozenset(
+    {
+        "e1000",
+        "e1000-82540em",
+        "e1000-82544gc",
+        "e1000-82545em",
+        "e1000e",
+        "i82551",
+        "i82557b",
+        "i82559er",
+        "ne2k_isa",
+        "ne2k_pci",
+        "pcnet",
+        "rtl8139",
+        "virtio",
+        "vmxnet3",
+    }
+)
+
+
+def net0_mac(value: object) -> str | None:
+    """The MAC of a ``netN`` property string, lower-case as the guest agent reports it
+    (pve-reference §7.19), or None when there is none to read."""
+    if not isinstance(value, str):
+        return None
+    for option in value.split(","):
+        key, sep, val = option.partition("=")
+        key = key.strip()
+        if sep and (key == "macaddr" or key in _NIC_MODELS) and val.strip():
+            return val.strip().lower()
+    return None

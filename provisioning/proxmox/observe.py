@@ -18,8 +18,10 @@ from .api import Api
 from .config import ProxmoxConfig
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, NotFoundError, ProxmoxError, TransientError, classify
+from .identity import Identity, check_identity
 from .ids import format_provider_id, parse_provider_id
 from .marks import TAG, has_tag, parse_mark
+from .netcfg import net0_mac
 from .ownership import is_missing
 from .seed import installation_tag, parse_seed_name
 
@@ -39,7 +41,8 @@ class Instance:
     """A VM of ours as Proxmox shows it.
 
     ``state`` is ``Running`` only with an address (DESIGN.md §4's phases are derived from it).
-    ``uid``, ``created_at`` and ``installation`` come from the description mark on every read.
+    ``uid``, ``created_at`` and ``installation`` come from the description mark on every read,
+    ``smbios_uuid`` and ``vmgenid`` from the config (seed 001's identity, ``identity.py``).
     """
 
     provider_id: str
@@ -55,6 +58,8 @@ class Instance:
     qmpstatus: str = ""
     lock: str | None = None
     agent: str = ""
+    smbios_uuid: str = ""
+    vmgenid: str = ""
 
 
 def map_state(status: str, qmpstatus: str) -> State | None:
@@ -74,9 +79,14 @@ def get(
     *,
     listing: Sequence[Mapping[str, Any]] | None = None,
     node: str | None = None,
+    identity: Identity | None = None,
     deadline: Deadline | None = None,
 ) -> Instance:
     """Entry 9, in its order; the first matching row decides.
+
+    ``identity``: the SMBIOS UUID and vmgenid recorded for the VM (seed 001). A VM with our
+    name and mark but another identity raises ``IdentityMismatch`` (permanent): it is not
+    ours, and it is not gone either, so nobody may create, start or destroy anything over it.
 
     ``node``: the VM's node when the caller knows it (a VM it just started). The listing is
     then skipped, which on a big cluster is most of the cost of polling one VM's boot. The
@@ -89,7 +99,9 @@ def get(
     Every instance returned is logged as "proxmox vm fetched" with its state, address and uid
     (entry 20), whichever row decided it.
     """
-    instance = _read(api, provider_id, listing=listing, node=node, deadline=deadline)
+    instance = _read(
+        api, provider_id, listing=listing, node=node, identity=identity, deadline=deadline
+    )
     log.info(
         "proxmox vm fetched",
         extra={
@@ -110,6 +122,7 @@ def _read(
     *,
     listing: Sequence[Mapping[str, Any]] | None,
     node: str | None,
+    identity: Identity | None,
     deadline: Deadline | None,
 ) -> Instance:
     """``get`` without its log line."""
@@ -136,7 +149,14 @@ def _read(
         except ApiError as err:
             if hinted and is_missing(err):
                 # Moved since the hint, or gone: the listing tells.
-                return _read(api, provider_id, listing=None, node=None, deadline=deadline)
+                return _read(
+                    api,
+                    provider_id,
+                    listing=None,
+                    node=None,
+                    identity=identity,
+                    deadline=deadline,
+                )
             raise classify("get", err) from err
         if config.get("lock") and config["lock"] != "suspended":
             raise TransientError(f"VM {pid.vmid} is locked ({config['lock']})", op="get")
@@ -153,6 +173,9 @@ def _read(
         if not mark.managed:
             log.info("proxmox vm not ours", extra={"vmid": pid.vmid, "vm_name": pid.name})
             raise NotFoundError(f"VM {pid.vmid} ({pid.name}) carries no proxyhub mark", op="get")
+        found = check_identity(
+            identity or Identity(), config, vmid=pid.vmid, vm_name=pid.name, op="get"
+        )
         base = Instance(
             provider_id=provider_id,
             vmid=pid.vmid,
@@ -163,6 +186,8 @@ def _read(
             installation=mark.installation,
             agent=config.get("agent", ""),
             state="Stopped",
+            smbios_uuid=found.smbios_uuid,
+            vmgenid=found.vmgenid,
         )
         if config.get("lock") == "suspended" or lock == "suspended":
             return replace(base, lock="suspended", status="stopped")
@@ -171,16 +196,19 @@ def _read(
         mapped = map_state(st, qmp)
         if mapped is not None:
             return replace(base, state=mapped, status=st, qmpstatus=qmp)
-        state, ip = agent_state(api, node, pid.vmid, deadline=deadline)
+        state, ip = agent_state(
+            api, node, pid.vmid, mac=net0_mac(config.get("net0")), deadline=deadline
+        )
         return replace(base, state=state, ip=ip, status=st, qmpstatus=qmp)
     except (ProxmoxError, Cancelled, DeadlineExceeded) as err:
         raise classify("get", err) from err
 
 
 def agent_state(
-    api: Api, node: str, vmid: int, *, deadline: Deadline | None = None
+    api: Api, node: str, vmid: int, *, mac: str | None, deadline: Deadline | None = None
 ) -> tuple[State, str | None]:
-    """Entry 7's agent table for a VM that runs."""
+    """Entry 7's agent table for a VM that runs. ``mac``: net0's, the only interface whose
+    address counts (``addresses.pick_address``)."""
     try:
         interfaces = api.agent_network_interfaces(node, vmid, deadline=deadline)
     except ApiError as err:
@@ -201,7 +229,7 @@ def agent_state(
             "VM and that the token may use it (VM.Monitor)",
             op="get",
         ) from err
-    ip = pick_address(interfaces)
+    ip = pick_address(interfaces, mac=mac)
     return ("Running", ip) if ip else ("Provisioning", None)
 
 

@@ -19,6 +19,7 @@ from .api import Api
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import NotFoundError, PermanentError, ProxmoxError, TransientError
 from .errors import classify as classify_error
+from .identity import Identity, IdentityMismatch, check_identity
 from .ids import parse_provider_id
 from .marks import parse_mark
 
@@ -36,22 +37,39 @@ class PowerRequest:
     """Which power action, on which VM: its VMID, its name and its proxy's UID.
 
     The name and UID are checked against the VM's config before anything is sent (the same
-    check ``delete`` makes), because a VMID can be reused by a VM that is not ours.
+    check ``delete`` makes), because a VMID can be reused by a VM that is not ours; so are the
+    SMBIOS UUID and vmgenid recorded for it (seed 001), when there are any.
     """
 
     action: Action
     vmid: int
     vm_name: str
     uid: str = ""
+    smbios_uuid: str = ""
+    vmgenid: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"power action must be one of {', '.join(ACTIONS)}: {self.action!r}")
 
     @classmethod
-    def from_provider_id(cls, action: Action, provider_id: str, uid: str = "") -> PowerRequest:
+    def from_provider_id(
+        cls, action: Action, provider_id: str, uid: str = "", identity: Identity | None = None
+    ) -> PowerRequest:
         parsed = parse_provider_id(provider_id)  # malformed: PermanentError
-        return cls(action=action, vmid=parsed.vmid, vm_name=parsed.name, uid=uid)
+        known = identity or Identity()
+        return cls(
+            action=action,
+            vmid=parsed.vmid,
+            vm_name=parsed.name,
+            uid=uid,
+            smbios_uuid=known.smbios_uuid,
+            vmgenid=known.vmgenid,
+        )
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.smbios_uuid, self.vmgenid)
 
 
 @dataclass(frozen=True)
@@ -80,11 +98,14 @@ class Refusal:
 
     message: str
     remediation: str
+    identity: bool = False  # the VM is not the one recorded: ``IdentityMismatch``
 
     def __str__(self) -> str:
         return f"{self.message}. {self.remediation}"
 
     def error(self) -> PermanentError:
+        if self.identity:
+            return IdentityMismatch(self.message, remediation=self.remediation, op=OP)
         return PermanentError(self.message, remediation=self.remediation, op=OP)
 
 
@@ -177,6 +198,11 @@ def _examine(
     not_ours = _not_ours(req, config)
     if not_ours:
         return _refused(preview, not_ours, _NOT_OURS)
+    try:
+        check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
+    except IdentityMismatch as err:
+        refusal = Refusal(err.message, err.remediation, identity=True)
+        return replace(preview, refusal=str(refusal)), refusal
     if str(config.get("template", "0")) == "1":
         return _refused(
             preview,

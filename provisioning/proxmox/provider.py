@@ -32,6 +32,7 @@ from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
 from .delete import DeleteMachine, DeleteRequest
 from .delete import new_progress as new_delete_progress
 from .errors import classify
+from .identity import Identity
 from .inventory import INVENTORY_LIMIT, Inventory, Owner, read_inventory
 from .observe import (
     Instance,
@@ -174,9 +175,19 @@ class Provider:
         *,
         listing: Sequence[Mapping[str, Any]] | None = None,
         node: str | None = None,
+        identity: Identity | None = None,
         deadline: Deadline | None = None,
     ) -> Instance:
-        return get(self.api, provider_id, listing=listing, node=node, deadline=deadline)
+        """The VM as Proxmox shows it (``observe.get``); ``identity``: the one recorded for it,
+        compared with the VM's (seed 001)."""
+        return get(
+            self.api,
+            provider_id,
+            listing=listing,
+            node=node,
+            identity=identity,
+            deadline=deadline,
+        )
 
     def observe_boot(
         self,

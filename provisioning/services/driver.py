@@ -47,6 +47,7 @@ from provisioning.models.choices import (
     Phase,
 )
 from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
+from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.steps import StepResult
 from provisioning.proxmox.waits import BOOT
 
@@ -360,9 +361,11 @@ def _on_error(
         if not op.proxy_id:
             return
         proxy_updates.update(last_error=message, last_error_class=_error_class(error))
-        if not power:
+        if not power or isinstance(error, IdentityMismatch):
             # A create, replace or delete that cannot go on latches the proxy Failed until an
-            # operator retries; a refused power action leaves the VM as it was.
+            # operator retries; a refused power action leaves the VM as it was. A VM that is
+            # not the one recorded (seed 001) latches it whatever the action: reconcile then
+            # leaves it alone until an operator decides.
             proxy_updates["phase"] = Phase.FAILED
 
     if error.kind == "not_found" and power:
@@ -380,6 +383,8 @@ def _on_error(
                 node="",
                 phase=Phase.PENDING,
                 last_error_class=ErrorClass.NOT_FOUND,
+                smbios_uuid="",
+                vmgenid="",
             )
         return True
     if error.kind == "permanent":
@@ -412,6 +417,8 @@ def _span(delta: timedelta) -> str:
 
 
 def _error_class(error: ClassifiedError) -> str:
+    if isinstance(error, IdentityMismatch):
+        return ErrorClass.IDENTITY
     return {
         "permanent": ErrorClass.PERMANENT,
         "not_found": ErrorClass.NOT_FOUND,

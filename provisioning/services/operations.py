@@ -33,6 +33,7 @@ from provisioning.models.choices import (
     ACTIVE_STATES,
     DesiredPower,
     DesiredState,
+    ErrorClass,
     OperationKind,
     OperationState,
     Phase,
@@ -333,6 +334,40 @@ def proxy_retry(
         locked.last_error, locked.last_error_class = "", ""
         locked.save(update_fields=["phase", "last_error", "last_error_class", "updated_at"])
         return _start(locked, kind, user, via, idempotency_key, inputs)
+
+
+def proxy_accept_vm(
+    *,
+    proxy: Proxy,
+    user: User = None,
+    via: str = RequestedVia.COMMAND,
+    idempotency_key: str | None = None,
+) -> Operation:
+    """Seed 001: the operator says the VM found at the proxy's name, which carries its mark but
+    not the identity recorded (restored from a backup on purpose, say), is the proxy's VM.
+
+    The recorded SMBIOS UUID and vmgenid are forgotten and the proxy is retried: its create
+    adopts that VM and records its identity (or, for a proxy being deleted, its delete now
+    destroys it). Refused for a proxy without an identity mismatch, so it never loosens the
+    check on a proxy nobody looked at."""
+    with transaction.atomic():
+        locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
+        if locked.last_error_class != ErrorClass.IDENTITY:
+            raise ValidationError(
+                f"{locked.name} shows no identity mismatch; there is no found VM to accept"
+            )
+        log.info(
+            "identity of a found vm accepted",
+            extra={
+                "proxy": locked.name,
+                "smbios_uuid": locked.smbios_uuid,
+                "vmgenid": locked.vmgenid,
+                "user": getattr(user, "username", "") or "",
+            },
+        )
+        locked.smbios_uuid, locked.vmgenid = "", ""
+        locked.save(update_fields=["smbios_uuid", "vmgenid", "updated_at"])
+        return proxy_retry(proxy=locked, user=user, via=via, idempotency_key=idempotency_key)
 
 
 def proxy_power(

@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -46,6 +47,7 @@ from provisioning.models.choices import (
     Phase,
 )
 from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
+from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.observe import Instance
 
 from . import circuit, operations
@@ -53,6 +55,7 @@ from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
 from .rounds import round_timing
+from .runners import NO_IDENTITY, recorded_identity
 
 log = logging.getLogger("proxyhub.reconcile")
 
@@ -135,7 +138,7 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         if proxy.pk in busy:
             counts["busy"] += 1
             continue
-        decision = _decide(proxy, provider, listing, by_vmid)
+        decision = _decide(proxy, provider, listing, by_vmid, now)
         counts[_apply(proxy, decision)] += 1
     return counts
 
@@ -148,6 +151,7 @@ def _decide(
     provider: Any,
     listing: list[dict[str, Any]],
     by_vmid: Mapping[int, Mapping[str, Any]],
+    now: datetime,
 ) -> Decision:
     if proxy.desired_state == DesiredState.DELETED:
         return Decision("delete", kind=OperationKind.DELETE, reason="the proxy is to be deleted")
@@ -156,12 +160,24 @@ def _decide(
     entry = by_vmid.get(proxy.vmid or -1)
     if entry is None or (entry.get("name") and entry.get("name") != proxy.vm_name):
         return _recreate("its VM is gone")
-    if not _needs_read(proxy, entry):
+    if not _needs_read(proxy, entry, now):
         return Decision("converged")
     try:
-        instance = provider.get(proxy.provider_id, listing=listing)
+        instance = provider.get(
+            proxy.provider_id, listing=listing, identity=recorded_identity(proxy)
+        )
     except NotFoundError:
         return _recreate("its VM is gone")
+    except IdentityMismatch as err:
+        # Seed 001: our name and mark on another VM (restored, or re-created at the VMID). It
+        # is neither ours nor gone: shown on the proxy, latched Failed so no round acts on it,
+        # and never recreated over, started, stopped or destroyed.
+        observed = {
+            "phase": Phase.FAILED,
+            "last_error": str(err),
+            "last_error_class": ErrorClass.IDENTITY,
+        }
+        return Decision("identity_mismatch", observed)
     except ClassifiedError as err:
         return Decision(
             "unreadable",
@@ -192,16 +208,40 @@ def _decide(
 
 
 def _recreate(why: str) -> Decision:
-    observed = {"provider_id": "", "vmid": None, "ip": None, "phase": Phase.PENDING}
+    observed = {
+        "provider_id": "",
+        "vmid": None,
+        "ip": None,
+        "phase": Phase.PENDING,
+        **NO_IDENTITY,
+    }
     return Decision("recreate", observed, OperationKind.CREATE, why)
 
 
-def _needs_read(proxy: Proxy, entry: Mapping[str, Any]) -> bool:
+def _needs_read(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
     """Whether the listing alone cannot confirm the proxy's state."""
+    if _started_since_observed(proxy, entry, now):
+        # The listing cannot show identity (seed 001): a VM started since the proxy was last
+        # observed may be another one (restored, or re-created at the VMID) and gets one read.
+        return True
     running = entry.get("status") == "running" and not entry.get("lock")
     if proxy.desired_power == DesiredPower.OFF:
         return running or proxy.phase != Phase.STOPPED
     return not (running and proxy.phase == Phase.RUNNING and proxy.ip)
+
+
+# The listing's figures come from pvestatd's last pass (up to 10 s old, pve-reference §7.9): an
+# ``uptime`` that old makes a start look later than it was, so a start this close to the last
+# observation is taken for the one that observation saw (else every fresh proxy is read twice).
+_RESTART_SLACK = timedelta(seconds=10)
+
+
+def _started_since_observed(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
+    """Whether the VM's ``uptime`` says it (re)started after the proxy was last observed."""
+    uptime = entry.get("uptime")
+    if proxy.observed_at is None or not isinstance(uptime, int | float) or uptime <= 0:
+        return False
+    return now - timedelta(seconds=float(uptime)) > proxy.observed_at + _RESTART_SLACK
 
 
 def _observed(instance: Instance) -> dict[str, Any]:
@@ -212,6 +252,9 @@ def _observed(instance: Instance) -> dict[str, Any]:
         "vm_created_at": instance.created_at,
         "last_error": "",
         "last_error_class": "",
+        # The recorded identity, or the first one for a proxy from before it was kept.
+        "smbios_uuid": instance.smbios_uuid,
+        "vmgenid": instance.vmgenid,
     }
 
 

@@ -25,6 +25,7 @@ from provisioning.models.choices import OperationKind, Phase
 from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.errors import NotFoundError, PermanentError
+from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.release import ReleaseRequest
 from provisioning.proxmox.steps import TIMING, StepResult
@@ -103,12 +104,20 @@ def _run_create(
         image=proxy.image,
         zone=progress["zone"],
         cloud_init=_cloud_init(proxy, op),
+        identity=recorded_identity(proxy),
     )
     result = provider.create_step(req, record)
     progress["create"] = result.progress
     observed: dict[str, Any] = {"phase": Phase.CREATING}
     if result.progress.get("vmid"):
         observed.update(vmid=result.progress["vmid"], node=result.progress.get("node") or "")
+    if result.progress.get("smbios_uuid") or result.progress.get("vmgenid"):
+        # Seed 001: recorded as soon as the create made or adopted the VM, so a later create
+        # step, observation, power action or delete compares against it.
+        observed.update(
+            smbios_uuid=str(result.progress.get("smbios_uuid") or ""),
+            vmgenid=str(result.progress.get("vmgenid") or ""),
+        )
     if result.status == "done":
         observed.update(
             phase=Phase.PROVISIONING,
@@ -166,14 +175,19 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
                 proxy.provider_id, progress.get("create") or {}, uid=str(proxy.uid)
             )
         if instance is None:
-            instance = provider.get(proxy.provider_id, node=proxy.node or None)
+            instance = provider.get(
+                proxy.provider_id, node=proxy.node or None, identity=recorded_identity(proxy)
+            )
     except NotFoundError:
         # The VM vanished after it started: create it again from the lookup.
         progress.pop("create", None)
         progress["stage"] = "provider"
         result = StepResult("continue", progress, "address", message="the VM vanished")
         return Outcome(
-            result, progress, {"phase": Phase.PENDING, "provider_id": ""}, phase_name="address"
+            result,
+            progress,
+            {"phase": Phase.PENDING, "provider_id": "", **NO_IDENTITY},
+            phase_name="address",
         )
     observed = observed_fields(instance, now)
     # The wait is measured on the database's clock, like every other age in the loop.
@@ -307,9 +321,17 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
             uid=target.get("uid", ""),
             vmid=target.get("vmid"),
             earlier_nodes=tuple(target.get("earlier_nodes") or ()),
+            identity=Identity(
+                str(target.get("smbios_uuid") or ""), str(target.get("vmgenid") or "")
+            ),
         )
     proxy = _proxy(op)
-    return DeleteRequest(vm_name=proxy.vm_name, uid=str(proxy.uid), vmid=proxy.vmid)
+    return DeleteRequest(
+        vm_name=proxy.vm_name,
+        uid=str(proxy.uid),
+        vmid=proxy.vmid,
+        identity=recorded_identity(proxy),
+    )
 
 
 def _run_delete(
@@ -353,6 +375,7 @@ def _run_replace(
                     "vmid": None,
                     "ip": None,
                     "node": "",
+                    **NO_IDENTITY,
                 }
                 return Outcome(result, progress, observed)
             return Outcome(result, progress, {"phase": Phase.DELETING})
@@ -369,7 +392,9 @@ def _run_power(
     proxy = _proxy(op)
     # _RUNNERS sends only the power kinds here, and PowerRequest checks the action again.
     action = cast("Action", str(op.kind))
-    req = PowerRequest.from_provider_id(action, proxy.provider_id, str(proxy.uid))
+    req = PowerRequest.from_provider_id(
+        action, proxy.provider_id, str(proxy.uid), recorded_identity(proxy)
+    )
     result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
     progress["power"] = result.progress
     observed: dict[str, Any] = {}
@@ -414,6 +439,9 @@ def _target_of(op: Operation) -> dict[str, Any]:
         "uid": str(proxy.uid),
         "vmid": proxy.vmid,
         "earlier_nodes": _nodes_created_on(proxy),
+        # The VM the delete was asked for is the one with this identity (seed 001).
+        "smbios_uuid": proxy.smbios_uuid,
+        "vmgenid": proxy.vmgenid,
     }
 
 
@@ -430,8 +458,19 @@ def _nodes_created_on(proxy: Proxy) -> list[str]:
     return list(nodes)
 
 
+# What a proxy whose VM is gone records of its identity: nothing, until a create makes one.
+NO_IDENTITY: dict[str, str] = {"smbios_uuid": "", "vmgenid": ""}
+
+
+def recorded_identity(proxy: Proxy) -> Identity:
+    """The VM identity recorded on the proxy (seed 001); empty for a proxy from before."""
+    return Identity(proxy.smbios_uuid, proxy.vmgenid)
+
+
 def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:
-    """The proxy's observed fields from a provider ``Instance`` read at ``now``."""
+    """The proxy's observed fields from a provider ``Instance`` read at ``now``. The identity
+    read is the recorded one (``get`` compared them) or, for a proxy from before identity was
+    kept, the first one recorded."""
     phase = {"Running": Phase.RUNNING, "Provisioning": Phase.PROVISIONING}.get(
         instance.state, Phase.STOPPED
     )
@@ -443,4 +482,6 @@ def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:
         "provider_id": instance.provider_id,
         "vm_created_at": instance.created_at,
         "observed_at": now,
+        "smbios_uuid": instance.smbios_uuid,
+        "vmgenid": instance.vmgenid,
     }

@@ -180,3 +180,51 @@ def test_ping_and_osinfo(raw: Any) -> None:
     assert ping == {"data": {"result": {}}}
     osinfo = raw.json("GET", "/api2/json/nodes/pve1/qemu/100/agent/get-osinfo")["data"]
     assert osinfo["result"]["id"] == "debian"
+
+
+DOCKER0 = {
+    "name": "docker0",
+    "hardware-address": "02:42:ac:11:00:01",
+    "ip-addresses": [{"ip-address": "172.17.0.1", "ip-address-type": "ipv4", "prefix": 16}],
+}
+TUN0 = {
+    "name": "tun0",
+    "hardware-address": "00:00:00:00:00:00",
+    "ip-addresses": [{"ip-address": "10.8.0.1", "ip-address-type": "ipv4", "prefix": 24}],
+}
+
+
+def test_scripted_interfaces_come_after_the_nics_or_before_them(
+    engine: Simulator, api: Api
+) -> None:
+    engine.control.set_guest_interfaces(100, [DOCKER0, TUN0])
+    assert [i["name"] for i in api.agent_network_interfaces("pve1", 100)] == [
+        "lo",
+        "eth0",
+        "docker0",
+        "tun0",
+    ]
+    engine.control.set_guest_interfaces(100, [DOCKER0, TUN0], first=True, nic_ipv4=False)
+    interfaces = api.agent_network_interfaces("pve1", 100)
+    assert [i["name"] for i in interfaces] == ["lo", "docker0", "tun0", "eth0"]
+    assert _ipv4(interfaces, "docker0") == "172.17.0.1"
+    # eth0 keeps only its IPv6 link-local address.
+    assert _ipv4(interfaces) is None
+    assert [a["ip-address-type"] for a in interfaces[3]["ip-addresses"]] == ["ipv6"]
+
+
+def test_scripted_interfaces_are_refused_without_the_agent_shape(engine: Simulator) -> None:
+    from pvesim.control import ControlError
+
+    with pytest.raises(ControlError):
+        engine.control.set_guest_interfaces(100, [{"hardware-address": "x"}])
+    with pytest.raises(ControlError):
+        engine.control.set_guest_interfaces(100, [{"name": "x", "ip-addresses": [{"a": 1}]}])
+
+
+def test_clones_inherit_the_scripted_interfaces(timed: Any) -> None:
+    timed.engine.control.set_guest_interfaces(9000, [DOCKER0], first=True)
+    _start_clone(timed, 9000, 100500)
+    timed.advance(600)
+    names = [i["name"] for i in timed.api.agent_network_interfaces("pve1", 100500)]
+    assert names == ["lo", "docker0", "eth0"]

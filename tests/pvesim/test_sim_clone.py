@@ -224,3 +224,40 @@ def test_a_start_gives_up_on_a_clone_lock_after_ten_seconds(clock: Any, secret: 
     assert api.task_status("pve1", start)["exitstatus"] == (
         "can't lock file '/var/lock/qemu-server/lock-100421.conf' - got timeout"
     )
+
+
+def test_every_vm_has_its_own_identity_and_config_writes_keep_it(
+    engine: Simulator, api: Api
+) -> None:
+    """Seed 001's identity: an SMBIOS UUID and a vmgenid per VM (pve-reference §5.6, §7.14)."""
+    seen = set()
+    for entry in api.cluster_resources():
+        if entry.get("type") != "qemu":
+            continue
+        config = api.vm_config(str(entry["node"]), int(entry["vmid"]))
+        assert re.fullmatch(f"uuid={UUID}", config["smbios1"])
+        seen.add((config["smbios1"], config["vmgenid"]))
+    assert len(seen) == sum(1 for e in api.cluster_resources() if e.get("type") == "qemu")
+    api.clone("pve1", 9000, newid=100405, name="proxy-b")
+    before = api.vm_config("pve1", 100405)
+    api.set_vm_config("pve1", 100405, {"cores": 2, "description": "changed"})
+    after = api.vm_config("pve1", 100405)
+    assert (after["smbios1"], after["vmgenid"]) == (before["smbios1"], before["vmgenid"])
+
+
+def test_a_recreated_vm_has_a_new_identity_and_nothing_else_changes(
+    engine: Simulator, api: Api
+) -> None:
+    api.clone("pve1", 9000, newid=100406, name="proxy-c", description="our mark")
+    assert api.start("pve1", 100406)
+    before = api.vm_config("pve1", 100406)
+    engine.control.clear_ledger()
+    new = engine.control.recreate_vm(100406)
+    after = api.vm_config("pve1", 100406)
+    assert after["smbios1"] == new["smbios1"] != before["smbios1"]
+    assert after["vmgenid"] == new["vmgenid"] != before["vmgenid"]
+    assert re.fullmatch(f"uuid={UUID}", after["smbios1"]) and re.fullmatch(UUID, after["vmgenid"])
+    for key in ("name", "description", "net0", "scsi0", "tags"):
+        assert after.get(key) == before.get(key), key
+    assert api.vm_status("pve1", 100406)["status"] == "stopped"
+    assert engine.ledger.mutations() == []  # a control call is not an API call

@@ -273,3 +273,51 @@ def _rows(html: str) -> dict[str, list[str]]:
         cells = [strip_tags(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
         rows[cells[0]] = cells
     return rows
+
+
+def test_accept_vm_confirms_then_adopts_only_the_proxy_with_an_identity_mismatch(
+    pump: Pump, sim: Sim, people: People
+) -> None:
+    """Seed 001: a VM re-created at the proxy's VMID is shown as a mismatch (class and what to
+    do on the change page); only the confirmed "Accept the VM found" makes it the proxy's."""
+    from provisioning.services.reconcile import reconcile_round
+
+    alpha, beta = running(pump, sim, "alpha", "beta")
+    sim.engine.control.recreate_vm(int(alpha.vmid or 0))
+    sim.settle(1.0)
+    pump.call(reconcile_round)
+    pump.run()
+    client = people.client("operator")
+    change = client.get(f"{PROXY_LIST}{alpha.pk}/change/").content.decode()
+    assert "Identity mismatch" in change and "Accept the VM found" in change
+    assert alpha.smbios_uuid in change
+
+    page = client.post(PROXY_LIST, changelist_post("accept_vm", [alpha, beta]))
+    assert page.status_code == 200
+    assert "shows no identity mismatch" in page.content.decode()  # beta is struck through
+    assert Proxy.objects.get(pk=alpha.pk).phase == Phase.FAILED, "confirm first"
+
+    with posting():
+        done = client.post(PROXY_LIST, changelist_post("accept_vm", [alpha, beta], post="yes"))
+    assert messages_of(done)[0] == "Accepted the VM found for 1 proxy: alpha."
+    pump.run()
+    fresh = Proxy.objects.get(pk=alpha.pk)
+    assert (fresh.phase, fresh.vmid) == (Phase.RUNNING, alpha.vmid)
+    assert fresh.smbios_uuid != alpha.smbios_uuid
+    assert Proxy.objects.get(pk=beta.pk).smbios_uuid == beta.smbios_uuid
+    # Adopted, not replaced: the only clones are alpha's and beta's first creates.
+    assert len(sim.engine.ledger.mutations(key=CLONE)) == 2
+
+
+def test_the_power_confirmation_refuses_a_recreated_vm(
+    pump: Pump, sim: Sim, people: People
+) -> None:
+    """Seed 001: the page's read already compares the recorded identity; nothing is sent."""
+    (alpha,) = running(pump, sim, "alpha")
+    sim.engine.control.recreate_vm(int(alpha.vmid or 0))
+    sim.settle(1.0)
+    sim.engine.ledger.clear()
+    page = people.client("operator").post(PROXY_LIST, changelist_post("start", [alpha]))
+    assert page.status_code == 200
+    assert "not the VM proxyhub made" in page.content.decode()
+    assert sim.engine.ledger.mutations() == []
