@@ -47,7 +47,7 @@ from provisioning.models.choices import (
 from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
 from provisioning.proxmox.steps import StepResult
 
-from . import circuit, claims, dispatch, leases, policy, tracing
+from . import circuit, claims, dispatch, leases, policy, slots, tracing
 from .clock import db_now
 from .journal import journal_step
 from .runners import POWER_KINDS, Outcome, run_step
@@ -97,6 +97,13 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     if not leases.proxy_lease_take(operation=op):
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
         return
+    need = slots.need_of(op)
+    if need.keys:
+        # A step about to submit a task first takes a slot of its node (services.slots).
+        waiting_for = slots.slots_take(operation=op, need=need, now=now)
+        if waiting_for is not None:
+            slots.slot_wait(operation=op, claim=claim, key=waiting_for, now=now)
+            return
     started = time.monotonic()
     with (
         claims.claim_renewed(operation_id=str(op.pk), claim=claim),
@@ -269,6 +276,7 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
         journal_step(op, outcome, now)
         if not still_ours:
             # Superseded while the step ran: keep the receipt above, apply nothing else.
+            slots.slots_keep(operation=op, keys=(), now=now)
             Operation.objects.filter(pk=op.pk, claim_token=claim).update(
                 claim_token="", claim_expires_at=None
             )
@@ -300,6 +308,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 state=OperationState.WAITING if result.status == "wait" else OperationState.RUNNING,
             )
         finished = updates["state"] in (OperationState.SUCCEEDED, OperationState.FAILED)
+        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
+        slots.slots_keep(
+            operation=op, keys=() if finished else _slots_to_keep(op, outcome), now=now
+        )
         if not finished:
             token = secrets.token_hex(8)
             updates.update(
@@ -322,6 +334,16 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
     elif finished:
         state = str(updates["state"])
         transaction.on_commit(lambda: tracing.operation_span_end(op, state, now))
+
+
+def _slots_to_keep(op: Operation, outcome: Outcome) -> tuple[str, ...]:
+    """The task slots the operation keeps after this step: those its next step needs, unless
+    it failed with no task in flight (a backoff holds no slot); none once it ends."""
+    need = slots.need_of(op, outcome.progress)
+    error = outcome.result.error if outcome.result.status == "error" else None
+    if error is None or need.in_flight or error.reply_lost:
+        return need.keys
+    return ()
 
 
 def _on_error(
