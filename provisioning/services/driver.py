@@ -64,7 +64,22 @@ IN_PLACE_PAUSE_SECONDS = 0.1
 
 def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "") -> None:
     """Run at most one step of the operation; see the module docstring. ``trace_parent`` is the
-    trace context the message carried (services.tracing); the operation's row has it too."""
+    trace context the message carried (services.tracing); the operation's row has it too.
+
+    When the step gave a task slot back to a waiting step (services.slots), that step runs
+    next, here: the slot's node gets its next task now rather than after the waiter's message
+    has waited its turn in the queue behind every other step. Its message is queued as well;
+    whichever delivery comes second finds the step taken and exits. One such step per delivery:
+    what that one frees waits for its message."""
+    with slots.collecting_woken() as woken:
+        _run_one(operation_id=operation_id, token=token, trace_parent=trace_parent)
+    for waiter in woken[:1]:
+        _run_one(
+            operation_id=waiter.operation_id, token=waiter.token, trace_parent=waiter.trace_parent
+        )
+
+
+def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -331,6 +334,35 @@ def _wake(operation_id: Any, now: datetime) -> None:
         updates["last_error"] = ""
     if Operation.objects.filter(pk=operation_id, state__in=ACTIVE_STATES).update(**updates):
         dispatch.send_after_commit(str(operation_id), token, 0.0, op["trace_parent"])
+        woken = _woken.get()
+        if woken is not None:
+            woken.append(Woken(str(operation_id), token, str(op["trace_parent"])))
+
+
+@dataclass(frozen=True)
+class Woken:
+    """A waiter handed a slot: the step message it was sent."""
+
+    operation_id: str
+    token: str
+    trace_parent: str
+
+
+# Filled while a delivery collects the waiters its step woke (``collecting_woken``).
+_woken: ContextVar[list[Woken] | None] = ContextVar("proxyhub_slots_woken", default=None)
+
+
+@contextmanager
+def collecting_woken() -> Iterator[list[Woken]]:
+    """Within the block, every waiter handed a slot is appended to the list it yields, so the
+    delivery that freed the slot can run that step itself (``driver``) instead of leaving it
+    a queue's round trip behind every other message."""
+    found: list[Woken] = []
+    reset = _woken.set(found)
+    try:
+        yield found
+    finally:
+        _woken.reset(reset)
 
 
 # --- the sweeper ---------------------------------------------------------------------------------

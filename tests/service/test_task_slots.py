@@ -109,6 +109,30 @@ def test_a_waiting_step_is_shown_to_the_operator(pump: Pump, sim: Sim, capped: N
     assert op.steps.filter(name="clone").exists()
 
 
+def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """The waiter's message goes to the back of the queue; the step that gave the slot back
+    runs the waiter's step at once, so the node gets its next task without that round trip."""
+    _creates(pump, sim, CAP + 1)
+    for _ in range(8 * (CAP + 1)):
+        if SlotWaiter.objects.exists():
+            break
+        _deliver_one(pump)
+    (waiter,) = SlotWaiter.objects.all()
+    clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
+    assert clones == CAP
+    while SlotWaiter.objects.exists():
+        _deliver_one(pump)
+    # In the very delivery that freed the slot, and before the waiter's own message came:
+    op = Operation.objects.get(pk=waiter.operation_id)
+    assert op.progress["create"]["stage"] == "clone_wait"
+    assert len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"]) == CAP + 1
+    assert str(op.pk) in {m.operation_id for m in pump.queue}  # its message, now stale
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+
+
 def _deliver_one(pump: Pump) -> None:
     import heapq
 
