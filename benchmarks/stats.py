@@ -108,15 +108,18 @@ def inflight(
     cap: int,
     origin: float | None = None,
     end: float | None = None,
+    held_back: Sequence[tuple[str, float, float | None]] = (),
 ) -> dict[str, NodeInflight]:
     """Per node, from the simulator's task timeline (``/_sim/tasks``: ``node``, ``submitted``,
     ``startedAt``, ``endedAt``): how many tasks were on it and how many ran, over time.
 
     Work waited on a node when one of its tasks was submitted but not yet running (queued by
-    the node). ``seconds_waiting_below_cap`` is the time work waited while fewer than ``cap``
-    tasks ran: zero means the node was at the cap whenever work waited. Steps proxyhub holds
-    back itself, or has not got to yet, are not in this timeline: ``seconds_at_cap`` against
-    the run's makespan shows how much of it the node was kept full.
+    the node), or when proxyhub held a step of it back: ``held_back`` lists (node, start, end)
+    of those waits on the same clock (the journal's ``slot_wait`` steps); a held-back step
+    counts as waiting, not as in flight. ``seconds_waiting_below_cap`` is the time work waited
+    while fewer than ``cap`` tasks ran: zero means the node was at the cap whenever work
+    waited. Steps proxyhub has not got to yet (a message still in the queue) are in neither:
+    ``seconds_at_cap`` against the run's makespan shows how much of it the node was kept full.
     """
     if origin is None:
         origin = min((float(t["submitted"]) for t in tasks), default=0.0)
@@ -126,6 +129,11 @@ def inflight(
         mine = [t for t in tasks if str(t["node"]) == node]
         stop = end if end is not None else max(_last_time(t) for t in mine)
         events: list[tuple[float, int, int, int]] = []  # time, d_inflight, d_running, d_queued
+        for where, start, until in held_back:
+            if where != node:
+                continue
+            events.append((float(start), 0, 0, 1))
+            events.append((float(until) if until is not None else stop, 0, 0, -1))
         for t in mine:
             submitted = float(t["submitted"])
             started = t.get("startedAt")

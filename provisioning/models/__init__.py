@@ -10,6 +10,7 @@ from .lease import JobLease
 from .operation import Operation, OperationStep
 from .proxy import Proxy
 from .quota import UserQuota
+from .slot import SlotWaiter, TaskSlot
 
 __all__ = [
     "CircuitBreaker",
@@ -27,6 +28,8 @@ __all__ = [
     "Operation",
     "OperationStep",
     "Proxy",
+    "SlotWaiter",
+    "TaskSlot",
     "Template",
     "UserQuota",
     "WorkDuration",

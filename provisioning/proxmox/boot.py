@@ -81,7 +81,8 @@ def observe_boot(
     ]
     if not ours:
         return None
-    ip = pick_address(ours)
+    # Seed 003's readiness rule: only an IPv4 of net0's interface counts.
+    ip = pick_address(ours, mac=str(mac))
     return _fetched(replace(base, state="Running", ip=ip) if ip else base)
 
 

@@ -51,7 +51,7 @@ from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.steps import StepResult
 from provisioning.proxmox.waits import BOOT
 
-from . import circuit, claims, dispatch, durations, leases, policy, tracing
+from . import circuit, claims, dispatch, durations, leases, policy, slots, tracing
 from .clock import db_now
 from .journal import journal_step
 from .providers import provider_for
@@ -69,7 +69,22 @@ IN_PLACE_PAUSE_SECONDS = 0.1
 
 def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "") -> None:
     """Run at most one step of the operation; see the module docstring. ``trace_parent`` is the
-    trace context the message carried (services.tracing); the operation's row has it too."""
+    trace context the message carried (services.tracing); the operation's row has it too.
+
+    When the step gave a task slot back to a waiting step (services.slots), that step runs
+    next, here: the slot's node gets its next task now rather than after the waiter's message
+    has waited its turn in the queue behind every other step. Its message is queued as well;
+    whichever delivery comes second finds the step taken and exits. One such step per delivery:
+    what that one frees waits for its message."""
+    with slots.collecting_woken() as woken:
+        _run_one(operation_id=operation_id, token=token, trace_parent=trace_parent)
+    for waiter in woken[:1]:
+        _run_one(
+            operation_id=waiter.operation_id, token=waiter.token, trace_parent=waiter.trace_parent
+        )
+
+
+def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:
@@ -102,6 +117,13 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     if not leases.proxy_lease_take(operation=op):
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
         return
+    need = slots.need_of(op)
+    if need.keys:
+        # A step about to submit a task first takes a slot of its node (services.slots).
+        waiting_for = slots.slots_take(operation=op, need=need, now=now)
+        if waiting_for is not None:
+            slots.slot_wait(operation=op, claim=claim, key=waiting_for, now=now)
+            return
     started = time.monotonic()
     with (
         claims.claim_renewed(operation_id=str(op.pk), claim=claim),
@@ -288,6 +310,7 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
         journal_step(op, outcome, now)
         if not still_ours:
             # Superseded while the step ran: keep the receipt above, apply nothing else.
+            slots.slots_keep(operation=op, keys=(), now=now)
             Operation.objects.filter(pk=op.pk, claim_token=claim).update(
                 claim_token="", claim_expires_at=None
             )
@@ -319,6 +342,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 state=OperationState.WAITING if result.status == "wait" else OperationState.RUNNING,
             )
         finished = updates["state"] in (OperationState.SUCCEEDED, OperationState.FAILED)
+        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
+        slots.slots_keep(
+            operation=op, keys=() if finished else _slots_to_keep(op, outcome), now=now
+        )
         if not finished:
             token = secrets.token_hex(8)
             updates.update(
@@ -341,6 +368,16 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
     elif finished:
         state = str(updates["state"])
         transaction.on_commit(lambda: tracing.operation_span_end(op, state, now))
+
+
+def _slots_to_keep(op: Operation, outcome: Outcome) -> tuple[str, ...]:
+    """The task slots the operation keeps after this step: those its next step needs, unless
+    it failed with no task in flight (a backoff holds no slot); none once it ends."""
+    need = slots.need_of(op, outcome.progress)
+    error = outcome.result.error if outcome.result.status == "error" else None
+    if error is None or need.in_flight or error.reply_lost:
+        return need.keys
+    return ()
 
 
 def _on_error(

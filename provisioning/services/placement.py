@@ -25,8 +25,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Count, Q
 
-from provisioning.models import Cluster, MachineType, Proxy
-from provisioning.models.choices import DesiredState
+from provisioning.models import Cluster, MachineType, Operation, Proxy
+from provisioning.models.choices import ACTIVE_STATES, DesiredState, OperationKind
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.errors import PermanentError, TransientError
 from provisioning.proxmox.placement import resolve_zone
@@ -113,7 +113,8 @@ def _present(cluster: Cluster, nodes: list[str]) -> Q:
 
 def _fewest_proxies(cluster: Cluster, nodes: list[str]) -> str:
     counts = _counts(cluster, nodes)
-    return min(nodes, key=lambda n: (counts.get(n, 0), nodes.index(n)))
+    placing = creates_in_flight(cluster, nodes)
+    return min(nodes, key=lambda n: (placing[n], counts.get(n, 0), nodes.index(n)))
 
 
 def _counts(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
@@ -152,13 +153,33 @@ def _most_free_memory(
         if created is None or created > health[node].checked_at:
             reserved[node] += memory_mib.get(machine_type, 0) * MIB
     counts = _counts(cluster, ready)
+    placing = creates_in_flight(cluster, ready)
 
-    def rank(node: str) -> tuple[bool, int, int, int]:
+    def rank(node: str) -> tuple[bool, int, int, int, int]:
         free = health[node].mem_free_bytes
         left = (free - reserved[node]) if free is not None else 0
-        return (free is None, -left, counts.get(node, 0), ready.index(node))
+        return (free is None, placing[node], -left, counts.get(node, 0), ready.index(node))
 
     return min(ready, key=rank)
+
+
+def creates_in_flight(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
+    """Per node, the creates (and replaces) placed there that have not ended: their VMs are
+    still being built, so neither the node's memory nor its task queue shows all of them yet.
+
+    Placing by free memory alone sent a burst of separate creates to the node with the most
+    (each saw the same reading); ranking by this count first spreads them one by one exactly
+    as a bulk create spreads, and memory then decides between equally busy nodes."""
+    placing = dict.fromkeys(nodes, 0)
+    zones = Operation.objects.filter(
+        cluster=cluster,
+        kind__in=(OperationKind.CREATE, OperationKind.REPLACE),
+        state__in=ACTIVE_STATES,
+    ).values_list("progress__zone", flat=True)
+    for zone in zones:
+        if zone in placing:
+            placing[zone] += 1
+    return placing
 
 
 def _reasons(nodes: list[str], health: Mapping[str, NodeHealthView]) -> str:

@@ -14,6 +14,9 @@ The broker is only a doorbell; the journal is the truth. The sweeper looks for t
   as long as the last (``redispatches``), so a backlog costs a few extra messages per
   operation, not one per sweep.
 
+It also frees the task slots (``services.slots``) a lost worker left held, and hands free slots
+to steps whose wake-up was lost.
+
 The sweeper runs every ``PROXYHUB_SWEEPER_INTERVAL_SECONDS`` on the control queue, where step
 traffic cannot starve it.
 """
@@ -31,7 +34,7 @@ from django.db.models import Q
 from provisioning.models import Operation
 from provisioning.models.choices import ACTIVE_STATES
 
-from . import dispatch
+from . import dispatch, slots
 from .clock import db_now
 
 log = logging.getLogger("proxyhub.operations")
@@ -53,6 +56,8 @@ def operations_sweep(*, grace: timedelta | None = None) -> int:
     """Send again every step whose message looks lost; returns how many were sent."""
     grace = _grace() if grace is None else grace
     now = db_now()
+    # Slots first: a freed slot wakes its waiter now rather than at the overdue re-send.
+    slots.slots_recover(now=now)
     return _expired_claims(now) + _overdue(now, grace)
 
 

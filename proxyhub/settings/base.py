@@ -345,6 +345,11 @@ PROXYHUB_INVENTORY_DEADLINE_SECONDS = env.float(
 PROXYHUB_STEP_CLAIM_SECONDS = env.float("PROXYHUB_STEP_CLAIM_SECONDS", default=20.0)
 # How late a step may be before the sweeper sends its message again (same token, no loss).
 PROXYHUB_SWEEPER_GRACE_SECONDS = env.float("PROXYHUB_SWEEPER_GRACE_SECONDS", default=10.0)
+# Admission control (issue 12, services/slots.py): at most this many Proxmox tasks in flight per
+# node (Proxmox's own worker limit is about this size; more only queue inside the node), and per
+# storage by name (0: no storage limit). A step that finds no slot waits for one in the journal.
+PROXYHUB_NODE_TASK_LIMIT = env.int("PROXYHUB_NODE_TASK_LIMIT", default=3)
+PROXYHUB_STORAGE_TASK_LIMIT = env.int("PROXYHUB_STORAGE_TASK_LIMIT", default=0)
 # Retries where the fault happened: a GET meeting a transient fault is sent again this many
 # times (at once, then after a jittered pause doubling from the given one); a step that still
 # fails transiently is run again in the same delivery this many times (it reads back first).

@@ -329,6 +329,21 @@ def test_the_inflight_series_shows_a_node_over_its_cap_and_never_idle_while_work
     assert idle.seconds_waiting_below_cap == pytest.approx(0.5)
 
 
+def test_steps_proxyhub_held_back_count_as_waiting_work_not_as_tasks_in_flight() -> None:
+    # A cap of 2 kept by proxyhub: two tasks run 0..1 and 1..2; a third step waited for a slot
+    # from 0 to 1.2 (journal), so from 1.0 to 1.2 work waited while only one task ran.
+    tasks = [
+        {"node": "pve1", "submitted": 0.0, "startedAt": 0.0, "endedAt": 1.0},
+        {"node": "pve1", "submitted": 0.0, "startedAt": 0.0, "endedAt": 2.0},
+        {"node": "pve1", "submitted": 1.2, "startedAt": 1.2, "endedAt": 2.0},
+    ]
+    pve1 = inflight(tasks, cap=2, held_back=[("pve1", 0.0, 1.2), ("pve2", 0.0, 5.0)])["pve1"]
+    assert (pve1.max_inflight, pve1.exceeded_cap) == (2, False)
+    assert pve1.seconds_waiting == pytest.approx(1.2)
+    assert pve1.seconds_waiting_below_cap == pytest.approx(0.2)
+    assert inflight(tasks, cap=2)["pve1"].seconds_waiting == 0.0
+
+
 def test_the_simulator_lists_every_task_with_its_node_and_times() -> None:
     engine = Simulator(profile="instant", node_task_limit=1)
     api = engine.control

@@ -1,0 +1,413 @@
+"""Admission control: at most a cap of Proxmox tasks in flight per node and per storage (issue 12).
+
+A node runs a few tasks at once and queues the rest; what proxyhub submits beyond that only
+waits inside Proxmox, where nobody can see or order it. So before a step submits a task it takes
+a slot of the task's node (``PROXYHUB_NODE_TASK_LIMIT``, default 3) and, when a storage limit is
+set, of the storage the task writes (``PROXYHUB_STORAGE_TASK_LIMIT``, 0: none). It keeps them
+while the task runs (the ``*_wait`` stages that poll it) and gives them back in the transaction
+that journals the step after the task ended, or when the step fails with nothing in flight.
+
+Slots are rows (``models.TaskSlot``), taken by a conditional UPDATE of one free row and checking
+the row count (STYLE.md), which PostgreSQL re-checks on the row it waited for and SQLite's single
+writer serialises: two workers never both take the last slot. A step that finds none records
+itself as a ``SlotWaiter`` (the operator sees "waiting for a task slot") and gives its claim
+back without a message. Whoever frees a slot hands it straight to the oldest waiter of that key
+and sends that waiter's step at once, in the same transaction: a queued step starts the moment a
+slot frees, not at the next poll, and no newcomer overtakes it.
+
+A worker that dies holding a slot cannot leak it: the sweeper (``slots_recover``) frees every
+slot whose holder finished, or whose holder has no live claim and no task to wait for, and hands
+free slots to waiters whose wake-up was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from provisioning.models import Operation, OperationStep, SlotWaiter, TaskSlot
+from provisioning.models.choices import ACTIVE_STATES, OperationKind, OperationState, StepState
+
+from . import dispatch
+from .claims import claim_live
+
+log = logging.getLogger("proxyhub.operations")
+
+# A waiter whose wake-up message is lost is sent again by the sweeper once this has passed
+# (plus its grace): the wake-up on release is the normal path, this only bounds a lost one.
+WAIT_FALLBACK = timedelta(seconds=60)
+# The operator's note on a waiting operation starts with this.
+WAIT_NOTE = "waiting for a task slot on "
+
+# Stages of each step machine that submit a task, and those that poll one already submitted.
+_SUBMIT = {"clone", "upload", "resize", "start", "stop", "destroy", "submit", "remove"}
+_POLL = {
+    "clone_wait",
+    "upload_wait",
+    "resize_wait",
+    "start_wait",
+    "stop_wait",
+    "destroy_wait",
+    "remove_wait",
+}
+_POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
+
+
+def node_limit() -> int:
+    return max(0, int(getattr(settings, "PROXYHUB_NODE_TASK_LIMIT", 3)))
+
+
+def storage_limit() -> int:
+    return max(0, int(getattr(settings, "PROXYHUB_STORAGE_TASK_LIMIT", 0)))
+
+
+@dataclass(frozen=True)
+class Need:
+    """The slots the next step of an operation needs; ``in_flight``: its task was submitted
+    already (a poll), so it runs whether or not a slot is free."""
+
+    keys: tuple[str, ...] = ()
+    in_flight: bool = False
+
+
+NONE = Need()
+
+
+def _record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
+    """The step machine's record the next step runs from, or None for a stage with no task."""
+    if progress.get("stage") == "address":
+        return None
+    if progress.get("stage") == "seed_release":
+        # The seed's removal (an imgdel task) runs on the node the create put the seed on.
+        release = dict(progress.get("release") or {})
+        return dict(release, node=(progress.get("create") or {}).get("node"))
+    if op_kind == OperationKind.DELETE:
+        return progress.get("delete")
+    if op_kind == OperationKind.REPLACE and progress.get("phase", "delete") == "delete":
+        return progress.get("delete")
+    if op_kind in _POWER_KINDS:
+        return progress.get("power")
+    return progress.get("create")
+
+
+def slot_need(
+    op_kind: str, progress: dict[str, Any], *, storage: str = "", iso_storage: str = ""
+) -> Need:
+    """Which slots the step that ``progress`` leads to needs (``storage``: the clone target,
+    ``iso_storage``: where seeds go; used only with a storage limit)."""
+    record = _record(op_kind, progress)
+    if not record:
+        return NONE
+    stage = str(record.get("stage") or "")
+    base = stage.removesuffix("_wait")
+    if stage not in _SUBMIT and stage not in _POLL and not (stage == "wait" and "upid" in record):
+        return NONE
+    if stage == "wait":
+        base = "submit"
+    node = record.get("template_node") if base == "clone" else record.get("node")
+    if not node:
+        return NONE
+    keys = [f"node:{node}"]
+    if storage_limit():
+        written = {"clone": storage, "resize": storage, "upload": iso_storage}.get(base, "")
+        if written:
+            keys.append(f"storage:{written}")
+    in_flight = stage in _POLL or stage == "wait"
+    if in_flight and not record.get("upid"):
+        return NONE  # nothing was submitted after all (a record moved back): nothing to hold
+    return Need(tuple(keys), in_flight)
+
+
+def need_of(op: Operation, progress: dict[str, Any] | None = None) -> Need:
+    cluster = op.cluster
+    if cluster is None:
+        return NONE
+    return slot_need(
+        str(op.kind),
+        op.progress if progress is None else progress,
+        storage=cluster.storage,
+        iso_storage=cluster.iso_storage,
+    )
+
+
+def _limit(key: str) -> int:
+    return node_limit() if key.startswith("node:") else storage_limit()
+
+
+# --- taking ----------------------------------------------------------------------------------
+
+
+def _take_one(op: Operation, key: str, now: datetime) -> bool:
+    """Hold a slot of ``key`` for ``op`` (already held counts); a limit of 0 means no limit."""
+    limit = _limit(key)
+    if limit == 0:
+        return True
+    if TaskSlot.objects.filter(key=key, operation_id=op.pk).exists():
+        return True
+    for attempt in range(2):
+        for pk in _free_slots(op.cluster_id, key, limit):
+            # The row count decides: PostgreSQL re-checks "still free" on the row it waited
+            # for, SQLite runs one writer at a time.
+            if TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
+                operation_id=op.pk, taken_at=now
+            ):
+                return True
+        if attempt == 0 and not _ensure_rows(op.cluster_id, key, limit):
+            return False
+    return False
+
+
+def _free_slots(cluster_id: Any, key: str, limit: int) -> list[int]:
+    """The key's slots that looked free just now (another taker may take one meanwhile)."""
+    return list(
+        TaskSlot.objects.filter(
+            cluster_id=cluster_id, key=key, seq__lt=limit, operation__isnull=True
+        ).values_list("pk", flat=True)
+    )
+
+
+def _ensure_rows(cluster_id: Any, key: str, limit: int) -> bool:
+    """Create the key's missing slot rows; True when any were missing."""
+    have = set(
+        TaskSlot.objects.filter(cluster_id=cluster_id, key=key, seq__lt=limit).values_list(
+            "seq", flat=True
+        )
+    )
+    missing = [s for s in range(limit) if s not in have]
+    if missing:
+        TaskSlot.objects.bulk_create(
+            [TaskSlot(cluster_id=cluster_id, key=key, seq=s) for s in missing],
+            ignore_conflicts=True,
+        )
+    return bool(missing)
+
+
+def slots_take(*, operation: Operation, need: Need, now: datetime) -> str | None:
+    """Hold every slot ``need`` names; returns None when held, else the key it waits for.
+
+    A waiting operation is recorded as a waiter in a transaction of its own before it looks one
+    last time: whoever frees a slot after that look sees the waiter and hands it the slot, and
+    whoever freed one before it left it free for that look. No wake-up falls between the two.
+    """
+    for key in need.keys:
+        with transaction.atomic():
+            if _take_one(operation, key, now):
+                continue
+        if need.in_flight:
+            continue  # the task runs anyway: poll it, and count it once a slot frees
+        with transaction.atomic():
+            SlotWaiter.objects.get_or_create(
+                operation_id=operation.pk,
+                defaults={"cluster_id": operation.cluster_id, "key": key, "since": now},
+            )
+            SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
+                key=key, since=now
+            )
+        with transaction.atomic():
+            if not _take_one(operation, key, now):
+                return key
+    SlotWaiter.objects.filter(operation_id=operation.pk).delete()
+    _journal_wait_close(operation, now)
+    return None
+
+
+def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> None:
+    """Give the claim back while the operation waits for a slot of ``key``: no message is
+    sent (the release that frees a slot sends one); the sweeper sends it after the fallback."""
+    held = TaskSlot.objects.filter(cluster=operation.cluster, key=key).exclude(
+        operation__isnull=True
+    )
+    note = f"{WAIT_NOTE}{key.replace(':', ' ', 1)} ({held.count()} of {_limit(key)} in use)"
+    with transaction.atomic():
+        _journal_wait_open(operation, key, now)
+        # Not when a release already woke it (a new dispatch token): that message runs it.
+        Operation.objects.filter(pk=operation.pk, claim_token=claim, dispatch_token="").update(
+            claim_token="",
+            claim_expires_at=None,
+            dispatch_token=secrets.token_hex(8),
+            dispatched_at=now,
+            next_step_at=now + WAIT_FALLBACK,
+            redispatches=0,
+            state=OperationState.WAITING,
+            last_error=note,
+        )
+        Operation.objects.filter(pk=operation.pk, claim_token=claim).update(
+            claim_token="", claim_expires_at=None
+        )
+    log.info("step waits for a task slot", extra={"operation": str(operation.pk), "key": key})
+
+
+# --- the journal: a wait is a step the operator sees --------------------------------------------
+
+WAIT_STEP = "slot_wait"
+
+
+def _journal_wait_open(operation: Operation, key: str, now: datetime) -> None:
+    """Show the wait as a step of its own, ``waiting``, from when it began (the step before
+    it, which ended by leading here, is closed as the journal closes any finished stage)."""
+    last = OperationStep.objects.filter(operation_id=operation.pk).order_by("-seq").first()
+    if last is not None and last.finished_at is None:
+        if last.name == WAIT_STEP:
+            return
+        OperationStep.objects.filter(pk=last.pk).update(
+            finished_at=now,
+            state=StepState.SUCCEEDED if last.state in _OPEN_STATES else last.state,
+        )
+    OperationStep.objects.create(
+        operation_id=operation.pk,
+        seq=(last.seq + 1) if last else 1,
+        name=WAIT_STEP,
+        state=StepState.WAITING,
+        message=f"{WAIT_NOTE}{key.replace(':', ' ', 1)}",
+        started_at=now,
+    )
+
+
+def _journal_wait_close(operation: Operation, now: datetime) -> None:
+    OperationStep.objects.filter(
+        operation_id=operation.pk, name=WAIT_STEP, finished_at__isnull=True
+    ).update(finished_at=now, state=StepState.SUCCEEDED)
+
+
+_OPEN_STATES = (StepState.RUNNING, StepState.WAITING, StepState.RETRYING, StepState.UNKNOWN)
+
+
+# --- giving back -------------------------------------------------------------------------------
+
+
+def slots_keep(*, operation: Operation, keys: tuple[str, ...], now: datetime) -> None:
+    """Give back every slot ``operation`` holds except ``keys``, each to the oldest waiter of
+    its key. Call inside the transaction that journals the step."""
+    held = TaskSlot.objects.filter(operation_id=operation.pk).exclude(key__in=keys)
+    for pk, cluster_id, key, seq in held.values_list("pk", "cluster_id", "key", "seq"):
+        _release(pk, cluster_id, key, seq, operation.pk, now)
+
+
+def _release(pk: int, cluster_id: Any, key: str, seq: int, holder: Any, now: datetime) -> None:
+    if not TaskSlot.objects.filter(pk=pk, operation_id=holder).update(
+        operation=None, taken_at=None
+    ):
+        return
+    if seq < _limit(key) or _limit(key) == 0:
+        _hand_off(pk, cluster_id, key, now)
+
+
+def _hand_off(pk: int, cluster_id: Any, key: str, now: datetime) -> bool:
+    """Give the free slot ``pk`` to the oldest waiter of ``key`` and send its step now."""
+    waiters = SlotWaiter.objects.filter(cluster_id=cluster_id, key=key).order_by("since", "pk")
+    for waiter_id, state in waiters.values_list("operation_id", "operation__state")[:50]:
+        # Deleting the row is the waiter's claim: one releaser wins it.
+        if not SlotWaiter.objects.filter(operation_id=waiter_id, key=key).delete()[0]:
+            continue
+        if state not in ACTIVE_STATES:
+            continue
+        TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
+            operation_id=waiter_id, taken_at=now
+        )
+        _wake(waiter_id, now)
+        return True
+    return False
+
+
+def _wake(operation_id: Any, now: datetime) -> None:
+    token = secrets.token_hex(8)
+    op = Operation.objects.filter(pk=operation_id).values("trace_parent", "last_error").first()
+    if op is None:
+        return
+    updates: dict[str, Any] = {
+        "dispatch_token": token,
+        "dispatched_at": now,
+        "next_step_at": now,
+        "redispatches": 0,
+    }
+    if str(op["last_error"]).startswith(WAIT_NOTE):
+        updates["last_error"] = ""
+    if Operation.objects.filter(pk=operation_id, state__in=ACTIVE_STATES).update(**updates):
+        dispatch.send_after_commit(str(operation_id), token, 0.0, op["trace_parent"])
+        woken = _woken.get()
+        if woken is not None:
+            woken.append(Woken(str(operation_id), token, str(op["trace_parent"])))
+
+
+@dataclass(frozen=True)
+class Woken:
+    """A waiter handed a slot: the step message it was sent."""
+
+    operation_id: str
+    token: str
+    trace_parent: str
+
+
+# Filled while a delivery collects the waiters its step woke (``collecting_woken``).
+_woken: ContextVar[list[Woken] | None] = ContextVar("proxyhub_slots_woken", default=None)
+
+
+@contextmanager
+def collecting_woken() -> Iterator[list[Woken]]:
+    """Within the block, every waiter handed a slot is appended to the list it yields, so the
+    delivery that freed the slot can run that step itself (``driver``) instead of leaving it
+    a queue's round trip behind every other message."""
+    found: list[Woken] = []
+    reset = _woken.set(found)
+    try:
+        yield found
+    finally:
+        _woken.reset(reset)
+
+
+# --- the sweeper ---------------------------------------------------------------------------------
+
+
+def slots_recover(*, now: datetime) -> int:
+    """Free the slots a lost worker left behind and wake waiters a lost message stranded;
+    returns how many slots were freed or handed on."""
+    freed = 0
+    held = TaskSlot.objects.exclude(operation__isnull=True).select_related("operation")
+    for slot in list(held[:1000]):
+        op = slot.operation
+        assert op is not None
+        if claim_live(op.claim_token, op.claim_expires_at, now):
+            continue  # a delivery runs its step: it decides what it keeps
+        if op.state in ACTIVE_STATES and slot.key in need_of(op).keys:
+            continue  # its task runs, or its step is about to submit one
+        with transaction.atomic():
+            _release(slot.pk, slot.cluster_id, slot.key, slot.seq, op.pk, now)
+        freed += 1
+    SlotWaiter.objects.exclude(operation__state__in=ACTIVE_STATES).delete()
+    # A free slot with someone waiting for it: a wake-up was lost (or a limit was raised).
+    for cluster_id, key in set(SlotWaiter.objects.values_list("cluster_id", "key")):
+        limit = _limit(key)
+        if limit:
+            _ensure_rows(cluster_id, key, limit)
+        free = TaskSlot.objects.filter(
+            Q(cluster_id=cluster_id, key=key, operation__isnull=True)
+            & (Q(seq__lt=limit) if limit else Q())
+        ).values_list("pk", flat=True)
+        for pk in list(free):
+            with transaction.atomic():
+                if not _hand_off(pk, cluster_id, key, now):
+                    break
+            freed += 1
+    if freed:
+        log.info("task slots recovered", extra={"count": freed})
+    return freed
+
+
+def slots_in_use(*, cluster_id: Any) -> dict[str, int]:
+    """Held slots per key (for the operator and the benchmark)."""
+    out: dict[str, int] = {}
+    for key in TaskSlot.objects.filter(cluster_id=cluster_id, operation__isnull=False).values_list(
+        "key", flat=True
+    ):
+        out[key] = out.get(key, 0) + 1
+    return out

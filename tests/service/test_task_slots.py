@@ -1,0 +1,342 @@
+"""Admission control (issue 12, services/slots.py): at most the cap of Proxmox tasks in flight per
+node, a freed slot wakes the oldest waiter at once, a dead holder's slot comes back, and
+placement spreads creates that arrive one at a time. Counts of tasks come from the simulator's
+own task records, never from proxyhub's tables. Run on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from pump import Pump, Sim, proxy_spec
+
+from provisioning.models import Operation, OperationStep, Proxy, SlotWaiter, TaskSlot
+from provisioning.models.choices import OperationState, Phase
+from provisioning.services import operations, placement, slots
+from provisioning.services.clock import db_now
+from provisioning.services.placement import NodeHealthView
+from provisioning.services.sweeper import operations_sweep
+from pvesim.profiles import get_profile
+
+pytestmark = pytest.mark.django_db
+
+CAP = 3
+KEY = "node:pve1"
+
+
+def _creates(pump: Pump, sim: Sim, count: int, prefix: str = "p", zone: str = "pve1") -> None:
+    specs = [proxy_spec(sim, f"{prefix}{i}", zone=zone) for i in range(count)]
+    pump.call(operations.proxies_create, specs=specs)
+
+
+def _ops(count: int) -> list[Operation]:
+    return list(Operation.objects.select_related("cluster").order_by("created_at", "pk")[:count])
+
+
+def _max_in_flight(tasks: list[dict[str, Any]], node: str) -> int:
+    """The most tasks submitted to ``node`` and not yet ended at one moment (the simulator's
+    timeline: a task queued inside the node counts, it was put on the node all the same)."""
+    events: list[tuple[float, int]] = []
+    for t in tasks:
+        if t["node"] != node:
+            continue
+        events.append((float(t["submitted"]), 1))
+        events.append((float(t["endedAt"]) if t["endedAt"] is not None else float("inf"), -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    best = now = 0
+    for _, delta in events:
+        now += delta
+        best = max(best, now)
+    return best
+
+
+@pytest.fixture
+def capped(settings: Any) -> None:
+    settings.PROXYHUB_NODE_TASK_LIMIT = CAP
+    settings.PROXYHUB_STORAGE_TASK_LIMIT = 0
+
+
+# --- the cap, end to end ----------------------------------------------------------------------
+
+
+def test_ten_creates_on_one_node_keep_at_most_the_cap_of_tasks_on_it_and_all_finish(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """Ten creates placed on pve1 (whose template lives there too, so every clone, upload,
+    resize, start and seed removal runs on it): the simulator's own records show no more than
+    three tasks on the node at once, the cap was reached, and every proxy ends Running. The
+    simulator's node would take four at once and queue the rest: the cap is proxyhub's."""
+    # Tasks slow enough that several overlap however quickly the pump delivers.
+    sim.engine.profile = get_profile("fast", 1.0)
+    sim.engine.reset()
+    assert sim.engine.profile.node_task_limit > CAP
+    _creates(pump, sim, 10)
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * 10
+    tasks = sim.engine.control.tasks()
+    assert len([t for t in tasks if t["type"] == "qmclone"]) == 10
+    # Never above the cap; how close it got depends on how quickly the pump delivers, but
+    # steps did wait for a slot, so the cap is what held them back.
+    assert 2 <= _max_in_flight(tasks, "pve1") <= CAP
+    assert OperationStep.objects.filter(name="slot_wait").exists()
+    assert not TaskSlot.objects.exclude(operation__isnull=True).exists()
+    assert not SlotWaiter.objects.exists()
+
+
+def test_a_waiting_step_is_shown_to_the_operator(pump: Pump, sim: Sim, capped: None) -> None:
+    _creates(pump, sim, CAP + 1)
+    # Each create's lookup, then its clone: the fourth clone finds the node's slots taken.
+    for _ in range(4 * (CAP + 1)):
+        if SlotWaiter.objects.exists():
+            break
+        _deliver_one(pump)
+    (waiter,) = SlotWaiter.objects.all()
+    op = Operation.objects.get(pk=waiter.operation_id)
+    assert op.state == OperationState.WAITING
+    assert op.last_error.startswith("waiting for a task slot on node pve1 (3 of 3 in use)")
+    (step,) = op.steps.filter(name="slot_wait")
+    assert (step.state, step.finished_at) == ("waiting", None)
+    assert step.message == "waiting for a task slot on node pve1"
+    pump.run()
+    assert Operation.objects.get(pk=op.pk).state == OperationState.SUCCEEDED
+    step.refresh_from_db()
+    assert step.state == "succeeded" and step.finished_at is not None
+    assert op.steps.filter(name="clone").exists()
+
+
+def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """The waiter's message goes to the back of the queue; the step that gave the slot back
+    runs the waiter's step at once, so the node gets its next task without that round trip."""
+    _creates(pump, sim, CAP + 1)
+    for _ in range(8 * (CAP + 1)):
+        if SlotWaiter.objects.exists():
+            break
+        _deliver_one(pump)
+    (waiter,) = SlotWaiter.objects.all()
+    clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
+    assert clones == CAP
+    while SlotWaiter.objects.exists():
+        _deliver_one(pump)
+    # In the very delivery that freed the slot, and before the waiter's own message came:
+    op = Operation.objects.get(pk=waiter.operation_id)
+    assert op.progress["create"]["stage"] == "clone_wait"
+    assert len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"]) == CAP + 1
+    assert str(op.pk) in {m.operation_id for m in pump.queue}  # its message, now stale
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+
+
+def _deliver_one(pump: Pump) -> None:
+    import heapq
+
+    from provisioning.services import driver
+
+    message = heapq.heappop(pump.queue)
+    pause = message.due - time.monotonic()
+    if pause > 0:
+        time.sleep(pause)
+    pump.call(driver.operation_run_step, operation_id=message.operation_id, token=message.token)
+
+
+# --- taking: never two winners for the last slot --------------------------------------------
+
+
+def test_a_taker_whose_view_of_free_slots_went_stale_does_not_take_one(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two takers for the last slot, interleaved at the worst moment: both read it free, the
+    other takes it, then this one sends its UPDATE. The row count says no; the cap holds.
+    (The same race with two real connections is the PostgreSQL test below.)"""
+    _creates(pump, sim, CAP + 1)
+    ops = _ops(CAP + 1)
+    now = db_now()
+    for op in ops[: CAP - 1]:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    me, other = ops[CAP - 1], ops[CAP]
+    read = slots._free_slots
+    raced: list[bool] = []
+    racing: list[bool] = []
+
+    def read_then_lose_the_race(*args: Any) -> list[int]:
+        free = read(*args)
+        if not racing:
+            racing.append(True)
+            raced.append(slots._take_one(other, KEY, now))
+        return free
+
+    monkeypatch.setattr(slots, "_free_slots", read_then_lose_the_race)
+    assert raced == [] and slots._take_one(me, KEY, now) is False
+    assert raced == [True]
+    held = list(TaskSlot.objects.filter(key=KEY).exclude(operation__isnull=True))
+    assert len(held) == CAP
+    assert {s.operation_id for s in held} == {op.pk for op in ops[: CAP - 1]} | {other.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="two writers need a server database; the in-memory SQLite test database has one",
+)
+def test_two_connections_racing_for_the_last_slot_never_both_win(sim: Sim, capped: None) -> None:
+    pump = Pump()
+    _creates(pump, sim, CAP + 1)
+    ops = _ops(CAP + 1)
+    now = db_now()
+    for op in ops[: CAP - 1]:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    barrier = threading.Barrier(2)
+    won: list[bool] = []
+    errors: list[BaseException] = []
+
+    def take(op: Operation) -> None:
+        try:
+            barrier.wait(5)
+            with transaction.atomic():
+                won.append(slots._take_one(op, KEY, now))
+                time.sleep(0.3)  # hold the row: the other taker waits on it, then re-checks
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=take, args=(op,)) for op in ops[CAP - 1 :]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert sorted(won) == [False, True]
+    assert TaskSlot.objects.filter(key=KEY).exclude(operation__isnull=True).count() == CAP
+
+
+# --- giving back: the oldest waiter is sent at once ------------------------------------------
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiter_and_sends_its_step_at_once(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    _creates(pump, sim, CAP + 2)
+    pump.drop_all()
+    ops = _ops(CAP + 2)
+    now = db_now()
+    holders, first, second = ops[:CAP], ops[CAP], ops[CAP + 1]
+    for op in holders:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    for i, op in enumerate((first, second)):
+        assert (
+            slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now + timedelta(seconds=i))
+            == KEY
+        )
+    assert SlotWaiter.objects.count() == 2
+    pump.call(
+        lambda: _in_transaction(
+            lambda: slots.slots_keep(operation=holders[0], keys=(), now=db_now())
+        )
+    )
+    # The message is in the queue, due now: no poll, no sweeper.
+    assert [(m.operation_id, m.due <= time.monotonic()) for m in pump.queue] == [
+        (str(first.pk), True)
+    ]
+    assert not TaskSlot.objects.filter(operation=holders[0].pk).exists()
+    assert TaskSlot.objects.filter(key=KEY, operation=first.pk).count() == 1
+    assert list(SlotWaiter.objects.values_list("operation_id", flat=True)) == [second.pk]
+    token = Operation.objects.get(pk=first.pk).dispatch_token
+    assert pump.queue[0].token == token
+
+
+def _in_transaction(fn: Any) -> None:
+    with transaction.atomic():
+        fn()
+
+
+# --- a dead holder ---------------------------------------------------------------------------
+
+
+def test_a_slot_held_by_a_step_whose_worker_died_is_recovered_by_the_sweeper(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """A worker takes the node's slots and dies before it submits (its claim expires, its
+    message is gone). The sweeper frees those slots, hands them to the waiters, and every
+    create runs to the end."""
+    _creates(pump, sim, CAP + 1)
+    pump.drop_all()
+    ops = _ops(CAP + 1)
+    now = db_now()
+    for op in ops[:CAP]:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+        # Their step died: the claim ran out, and their record is still at the lookup (no task).
+        Operation.objects.filter(pk=op.pk).update(
+            claim_token="dead", claim_expires_at=now - timedelta(seconds=1), dispatch_token=""
+        )
+    assert slots.slots_take(operation=ops[CAP], need=slots.Need((KEY,)), now=now) == KEY
+    Operation.objects.filter(pk=ops[CAP].pk).update(dispatch_token="")  # its message is lost
+    pump.call(operations_sweep)
+    assert (
+        not TaskSlot.objects.exclude(operation=ops[CAP].pk).exclude(operation__isnull=True).exists()
+    )
+    assert TaskSlot.objects.filter(operation=ops[CAP].pk).count() == 1
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+    assert not TaskSlot.objects.exclude(operation__isnull=True).exists()
+
+
+def test_the_sweeper_leaves_the_slot_of_a_task_still_running(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """A step polling a clone holds its slot between deliveries with no claim: that is not a
+    leak, and the sweeper must not take it away."""
+    _creates(pump, sim, 1)
+    (op,) = _ops(1)
+    for _ in range(10):
+        op.refresh_from_db()
+        if (op.progress.get("create") or {}).get("stage") == "clone_wait":
+            break
+        _deliver_one(pump)
+    assert TaskSlot.objects.filter(operation=op.pk, key=KEY).count() == 1
+    pump.call(operations_sweep)
+    assert TaskSlot.objects.filter(operation=op.pk, key=KEY).count() == 1
+    pump.run()
+    assert not TaskSlot.objects.exclude(operation__isnull=True).exists()
+
+
+# --- placement --------------------------------------------------------------------------------
+
+
+def test_creates_arriving_one_at_a_time_spread_like_a_bulk_create(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """Health says pve1 has far more free memory than pve2. Placing by memory alone sent every
+    create of a burst to pve1, each arriving before the others' VMs showed; counting the creates
+    placed and still in flight alternates them, as a bulk create does."""
+    now = db_now()
+    views = {
+        "pve1": NodeHealthView(True, "ready", now, mem_free_bytes=64 * 1024**3),
+        "pve2": NodeHealthView(True, "ready", now, mem_free_bytes=16 * 1024**3),
+    }
+
+    def health(cluster: Any) -> dict[str, NodeHealthView]:
+        return views
+
+    placement.register_node_health(health)
+    try:
+        for i in range(6):
+            # One request each, its first step run before the next arrives.
+            (op,) = pump.call(
+                operations.proxies_create, specs=[proxy_spec(sim, f"one{i}", zone="")]
+            )
+            while "zone" not in Operation.objects.get(pk=op.pk).progress:
+                _deliver_one(pump)
+        zones = [
+            (op.progress or {}).get("zone") for op in Operation.objects.order_by("created_at", "pk")
+        ]
+    finally:
+        with placement._sources_lock:
+            placement._sources.remove(health)
+    assert sorted(zones) == ["pve1", "pve1", "pve1", "pve2", "pve2", "pve2"]
