@@ -474,7 +474,7 @@ def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:
     phase = {"Running": Phase.RUNNING, "Provisioning": Phase.PROVISIONING}.get(
         instance.state, Phase.STOPPED
     )
-    return {
+    fields = {
         "phase": phase,
         "ip": instance.ip,
         "node": instance.node,
@@ -482,6 +482,9 @@ def observed_fields(instance: Any, now: datetime) -> dict[str, Any]:
         "provider_id": instance.provider_id,
         "vm_created_at": instance.created_at,
         "observed_at": now,
-        "smbios_uuid": instance.smbios_uuid,
-        "vmgenid": instance.vmgenid,
     }
+    # The boot watch (``proxmox/boot.py``) reads no config, so its instance carries no identity:
+    # keep what is recorded rather than blank it (net0's MAC vouched for the VM there).
+    if instance.smbios_uuid or instance.vmgenid:
+        fields.update(smbios_uuid=instance.smbios_uuid, vmgenid=instance.vmgenid)
+    return fields
