@@ -27,7 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK_STATUS = "GET /nodes/{node}/tasks/{upid}/status"
 AGENT = "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"
-TASKS = ("qmclone", "imgcopy", "resize", "qmstart")
+# The start is not among them: its wait reads the VM's status first (issue 12's warm path) and a
+# VM already running ends it without reading the start task, which then teaches nothing.
+TASKS = ("qmclone", "imgcopy", "resize")
 
 
 @pytest.fixture
@@ -88,7 +90,7 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
         assert learned[(kind, "pve1")][1] == 1, learned
     assert learned[(BOOT, "debian-13")][1] == 1
     seconds = {key: value[0] for key, value in learned.items()}
-    assert seconds[("qmclone", "pve1")] > seconds[("qmstart", "pve1")], seconds
+    assert seconds[("qmclone", "pve1")] > seconds[("resize", "pve1")], seconds
 
     _, warm_polls, warm_agent = _create(pump, sim, "second")
 
