@@ -17,7 +17,6 @@ is the boot, so a look reads the agent alone:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -28,9 +27,7 @@ from .api import Api
 from .deadline import Deadline
 from .errors import ApiError, ProxmoxError
 from .ids import parse_provider_id
-from .observe import Instance
-
-log = logging.getLogger("proxyhub.proxmox.provider")
+from .observe import Instance, log_fetched
 
 _AGENT_NOT_RUNNING = "QEMU guest agent is not running"
 
@@ -70,7 +67,7 @@ def observe_boot(
         interfaces = api.agent_network_interfaces(str(node), pid.vmid, deadline=deadline)
     except ApiError as err:
         if err.status == 500 and _AGENT_NOT_RUNNING in err.message:
-            return _fetched(base)
+            return log_fetched(base)
         return None
     except ProxmoxError:
         return None
@@ -83,20 +80,4 @@ def observe_boot(
         return None
     # Seed 003's readiness rule: only an IPv4 of net0's interface counts.
     ip = pick_address(ours, mac=str(mac))
-    return _fetched(replace(base, state="Running", ip=ip) if ip else base)
-
-
-def _fetched(instance: Instance) -> Instance:
-    """Logged as ``observe.get`` logs every instance it returns (entry 20)."""
-    log.info(
-        "proxmox vm fetched",
-        extra={
-            "vmid": instance.vmid,
-            "vm_name": instance.name,
-            "node": instance.node,
-            "state": instance.state,
-            "ip": instance.ip,
-            "uid": instance.uid,
-        },
-    )
-    return instance
+    return log_fetched(replace(base, state="Running", ip=ip) if ip else base)

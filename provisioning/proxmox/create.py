@@ -37,6 +37,7 @@ from .errors import ApiError, PermanentError, ReplyLost, TransientError
 from .identity import Identity, check_identity, identity_of
 from .ids import MAX_ATTEMPTS, format_provider_id, vmid_for
 from .marks import complete_mark, render_mark
+from .netcfg import net0_mac
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name, seed_volid
@@ -559,7 +560,12 @@ class CreateMachine(StepMachine[CreateRequest]):
             "continue",
             # net0's MAC: the guest agent's answer names it, which is how the address stage
             # knows the VM answering is still this one without reading its config (issue 12).
-            advance(progress, stage, resize=resize, mac=net0_mac(wanted.get("net0") or config)),
+            advance(
+                progress,
+                stage,
+                resize=resize,
+                mac=net0_mac(wanted.get("net0") or config.get("net0")),
+            ),
             "configure",
             submitted=bool(changes),
             message="configured "
@@ -695,14 +701,6 @@ class CreateMachine(StepMachine[CreateRequest]):
         return StepResult(
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
         )
-
-
-def net0_mac(source: Mapping[str, str] | str) -> str | None:
-    """The MAC of ``net0`` (``virtio=BC:24:11:D2:47:9A,bridge=...``), upper case; None without."""
-    value = source if isinstance(source, str) else source.get("net0", "")
-    model = str(value).split(",", 1)[0]
-    _, sep, mac = model.partition("=")
-    return mac.strip().upper() if sep and mac.strip() else None
 
 
 def _identity_details(progress: Progress) -> dict[str, Any]:
