@@ -120,6 +120,11 @@ class ProxyForm(forms.ModelForm):
     a new proxy is created with its ``create`` operation, and a changed placement or cloud-init
     replaces the VM."""
 
+    # A quota refusal the service raised at the save (under the cluster's lock) after this
+    # form's own check had found room: another declaration committed in between. The admin
+    # shows the form again with it (``ProxyAdmin.changeform_view``) instead of an error page.
+    refusal: ValidationError | None = None
+
     cloud_init_file = cloud_init_file_field()
     cloud_init_text = cloud_init_text_field()
 
@@ -155,7 +160,9 @@ class ProxyForm(forms.ModelForm):
                 self.add_error(None, err)
         if self.instance.pk and self.instance.desired_state == DesiredState.DELETED:
             raise ValidationError("the proxy is being deleted; it cannot be changed")
-        if cluster is not None and not self.errors:
+        if self.refusal is not None:
+            self.add_error(None, self.refusal)
+        elif cluster is not None and not self.errors:
             self._quota_errors(cluster, cleaned)
         return cleaned
 

@@ -29,6 +29,7 @@ from django.utils.safestring import SafeString
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.services import operations
+from provisioning.services.quotas import QuotaExceeded
 
 from . import actions, changelist, display, views
 from .common import (
@@ -63,6 +64,10 @@ OBSERVED = (
     "last_error",
     "last_error_class",
 )
+
+
+# The request attribute that carries a quota refusal from the save back to the form.
+_REFUSAL = "_proxyhub_quota_refusal"
 
 
 @admin.register(Proxy)
@@ -235,7 +240,28 @@ class ProxyAdmin(GuardedActionsMixin):
             # A proxy keeps its name and cluster (its VM name and UID hang on them); the rest of
             # its spec is editable, and the form's fields must not list read-only ones.
             kwargs["fields"] = ["zone", "machine_type", "image"]
-        return super().get_form(request, obj, change, **kwargs)
+        form = super().get_form(request, obj, change, **kwargs)
+        refusal = getattr(request, _REFUSAL, None)
+        if refusal is not None:
+            form = type(form.__name__, (form,), {"refusal": refusal})
+        return form
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The form checks the cluster's quotas, then the service checks them again under the
+        cluster's lock at the save. A declaration committed between the two is refused there,
+        and the whole save rolled back; the operator gets the form back with the limit named
+        (the view run again with the refusal as the form's error), not an error page."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except QuotaExceeded as refusal:
+            setattr(request, _REFUSAL, refusal)
+            return super().changeform_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="UID")
     def uid_shown(self, obj: Proxy) -> str:

@@ -24,6 +24,7 @@ from test_admin_support import (
     running,
 )
 
+from provisioning.admin.forms import ProxyForm
 from provisioning.models import Cluster, Operation, Proxy, UserQuota
 from provisioning.models.choices import OperationKind, OperationState, Phase
 from provisioning.services import operations
@@ -351,3 +352,59 @@ def test_user_quotas_are_managed_in_the_admin(people: People) -> None:
     assert "greater than or equal to 1" in zero.content.decode()
     # An operator may provision but not raise their own limit.
     assert people.client("operator").get("/admin/provisioning/userquota/").status_code == 403
+
+
+# --- a quota taken between the form's check and the save ----------------------------------------
+
+
+def test_a_quota_taken_between_the_add_forms_check_and_its_save_is_shown_on_the_form(
+    pump: Pump, sim: Sim, people: People, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The form checks the quota before the save, the service again under the cluster's lock;
+    another declaration committed in between (another operator, a command) must be answered with
+    the form and the limit, not an error page."""
+    _limit(sim, max_proxies=1)
+    checked = ProxyForm._quota_errors
+
+    def check_then_lose_the_race(form: ProxyForm, cluster: Cluster, cleaned: dict) -> None:
+        checked(form, cluster, cleaned)  # the place is free when the form looks
+        _declared(pump, sim, "other")  # and taken before the save
+
+    monkeypatch.setattr(ProxyForm, "_quota_errors", check_then_lose_the_race)
+    with posting():
+        page = people.client("operator").post(f"{PROXY_LIST}add/", _add(sim))
+    assert page.status_code == 200
+    assert (
+        "cluster pvesim allows at most 1 proxy (maxProxies); it holds 1 and this request adds 1"
+        in page.content.decode()
+    )
+    # Nothing of the refused proxy is written. (The competing declaration, made here inside the
+    # view's transaction, is rolled back with it; from another connection it would stay.)
+    assert not Proxy.objects.filter(name="alpha").exists()
+    assert not Operation.objects.filter(proxy__name="alpha").exists()
+
+
+def test_a_quota_taken_between_the_change_forms_check_and_its_replace_is_shown_on_the_form(
+    pump: Pump, sim: Sim, people: People, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (alpha,) = running(pump, sim, "alpha")
+    _limit(sim, max_concurrent_creates=1)
+    checked = ProxyForm._quota_errors
+
+    def check_then_lose_the_race(form: ProxyForm, cluster: Cluster, cleaned: dict) -> None:
+        checked(form, cluster, cleaned)
+        _declared(pump, sim, "busy")  # its create is in flight before the replace is admitted
+
+    monkeypatch.setattr(ProxyForm, "_quota_errors", check_then_lose_the_race)
+    written_before = Operation.objects.filter(proxy=alpha).count()
+    with posting():
+        page = people.client("operator").post(
+            f"{PROXY_LIST}{alpha.pk}/change/", _change(alpha, zone="pve2")
+        )
+    assert page.status_code == 200
+    assert "(maxConcurrentCreates); 1 is in flight and this request adds 1" in (
+        page.content.decode()
+    )
+    alpha.refresh_from_db()
+    assert alpha.zone == "pve1"
+    assert Operation.objects.filter(proxy=alpha).count() == written_before
