@@ -12,9 +12,16 @@ whose a proxy is lives only there (``marks``). So ownership is decided this way:
    ``proxy-<name>`` and tags it ``proxyhub``; a VM of ours that lost both is not one proxyhub
    would recognise anywhere else either.
 2. **From an earlier read**: a candidate whose VMID and name are those of a guest whose mark
-   was read in an earlier snapshot keeps that verdict (``known``). A mark is written in the
-   clone call and never moved afterwards (``marks.complete_mark`` only fills in a missing uid
-   or installation), so a steady cluster costs no read at all.
+   was read in an earlier snapshot keeps that verdict (``known``), as long as it cannot have
+   been replaced since: it was running then and has run without a break since (the listing's
+   ``uptime`` covers the time since that snapshot), or it was stopped (or paused) then and
+   still is. A mark is written in the clone call and never moved afterwards
+   (``marks.complete_mark`` only fills in a missing uid or installation), so a steady cluster
+   costs no read at all; a guest that started, stopped or restarted since is read again, which
+   is how a VM destroyed and re-created at the same VMID and name is found out. The one case
+   left is a guest destroyed and re-created *and left stopped* between two snapshots: it keeps
+   the old verdict until it first runs. The snapshot is for people, so that gap is said in
+   the operator guide rather than closed with a read of every stopped guest on every refresh.
 3. **One config read** (``GET /nodes/{node}/qemu/{vmid}/config``) for each other candidate:
    a mark with ``proxyhub-managed=true`` and this installation's id is ``this``; any other
    managed mark (another installation, or a mark older than the installation line) is
@@ -69,6 +76,16 @@ class InventoryGuest:
 
 
 @dataclass(frozen=True)
+class Remembered:
+    """Rule 2's memory of one guest: the owner its mark gave, the status it had in that
+    snapshot, and how long ago that snapshot was taken."""
+
+    owner: Owner
+    status: str
+    seconds_ago: float
+
+
+@dataclass(frozen=True)
 class Inventory:
     """One cluster's snapshot. ``listed`` counts every guest in the listing; ``guests`` holds
     at most ``limit`` of them (the lowest VMIDs), and ``truncated`` says when some were left
@@ -114,12 +131,13 @@ def read_inventory(
     api: Api,
     *,
     installation_id: str,
-    known: Mapping[tuple[int, str], Owner] | None = None,
+    known: Mapping[tuple[int, str], Remembered] | None = None,
     limit: int = INVENTORY_LIMIT,
     deadline: Deadline | None = None,
 ) -> Inventory:
     """One listing of the cluster's guests, plus a config read for each proxy-like guest whose
-    owner ``known`` does not already give (``(vmid, name) -> owner`` from an earlier snapshot).
+    owner ``known`` does not already give (``(vmid, name) -> Remembered`` from an earlier
+    snapshot, rule 2).
 
     The listing failing fails the call (classified as ``list``); one guest's read failing only
     leaves that guest unread (rule 4), unless the deadline ended."""
@@ -141,8 +159,8 @@ def read_inventory(
             guests.append(guest)
             continue
         earlier = known.get((guest.vmid, guest.name))
-        if earlier is not None:
-            guests.append(_owned(guest, earlier))
+        if earlier is not None and unchanged_since(entry, earlier):
+            guests.append(_owned(guest, earlier.owner))
             continue
         reads += 1
         try:
@@ -174,6 +192,16 @@ def read_inventory(
         mark_reads=reads,
         unread=unread,
     )
+
+
+def unchanged_since(entry: Mapping[str, Any], earlier: Remembered) -> bool:
+    """Rule 2: whether the listed guest is, beyond doubt, the one whose mark was read then."""
+    status = str(entry.get("status") or "unknown")
+    if status != earlier.status:
+        return False
+    if status != "running":
+        return True
+    return float(entry.get("uptime") or 0) >= earlier.seconds_ago
 
 
 def _owned(guest: InventoryGuest, owner: Owner) -> InventoryGuest:

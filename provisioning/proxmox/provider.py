@@ -33,7 +33,7 @@ from .delete import DeleteMachine, DeleteRequest
 from .delete import new_progress as new_delete_progress
 from .errors import classify
 from .identity import Identity
-from .inventory import INVENTORY_LIMIT, Inventory, Owner, read_inventory
+from .inventory import INVENTORY_LIMIT, Inventory, Remembered, read_inventory
 from .observe import (
     Instance,
     ManagedVM,
@@ -240,7 +240,7 @@ class Provider:
     def inventory(
         self,
         *,
-        known: Mapping[tuple[int, str], Owner] | None = None,
+        known: Mapping[tuple[int, str], Remembered] | None = None,
         limit: int = INVENTORY_LIMIT,
         deadline: Deadline | None = None,
     ) -> Inventory:

@@ -22,7 +22,12 @@ from django.db import transaction
 from provisioning.models import Cluster, InventoryGuest, InventoryRefresh
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import ProxmoxError
-from provisioning.proxmox.inventory import INVENTORY_LIMIT, OWNERS, Inventory, Owner
+from provisioning.proxmox.inventory import (
+    INVENTORY_LIMIT,
+    OWNERS,
+    Inventory,
+    Remembered,
+)
 
 from .clock import db_now
 from .providers import provider_for
@@ -53,11 +58,11 @@ def inventory_limit() -> int:
 def inventory_refresh(*, cluster: Cluster) -> RefreshOutcome:
     """Replace ``cluster``'s snapshot with what one listing shows now (see the module)."""
     started = db_now()
-    known: dict[tuple[int, str], Owner] = {
-        (vmid, name): owner
-        for vmid, name, owner in InventoryGuest.objects.filter(
+    known = {
+        (vmid, name): Remembered(owner, status, (started - seen).total_seconds())
+        for vmid, name, owner, status, seen in InventoryGuest.objects.filter(
             cluster=cluster, mark_read=True
-        ).values_list("vmid", "name", "owner")
+        ).values_list("vmid", "name", "owner", "status", "refreshed_at")
         if owner in OWNERS
     }
     deadline = Deadline(float(getattr(settings, "PROXYHUB_INVENTORY_DEADLINE_SECONDS", 120.0)))

@@ -11,7 +11,12 @@ from datetime import UTC, datetime
 
 from provider_world import World
 
-from provisioning.proxmox.inventory import InventoryGuest, owner_of_mark, read_inventory
+from provisioning.proxmox.inventory import (
+    InventoryGuest,
+    Remembered,
+    owner_of_mark,
+    read_inventory,
+)
 from provisioning.proxmox.marks import render_mark
 
 LISTING = "GET /cluster/resources"
@@ -58,9 +63,15 @@ def test_every_guest_with_its_fields_and_owner(world: World) -> None:
     assert world.engine.ledger.mutations() == []
 
 
+def _remembered(guests: tuple[InventoryGuest, ...], seconds_ago: float) -> dict:
+    return {
+        (g.vmid, g.name): Remembered(g.owner, g.status, seconds_ago) for g in guests if g.mark_read
+    }
+
+
 def test_known_owners_spare_the_reads(world: World) -> None:
     first = world.provider.inventory()
-    known = {(g.vmid, g.name): g.owner for g in first.guests if g.mark_read}
+    known = _remembered(first.guests, seconds_ago=300)  # 102 has run for a day, 101 is stopped
     world.engine.ledger.clear()
     again = world.provider.inventory(known=known)
     assert again.guests == first.guests and again.mark_reads == 0
@@ -69,9 +80,33 @@ def test_known_owners_spare_the_reads(world: World) -> None:
 
 
 def test_a_renamed_vm_is_read_again(world: World) -> None:
-    known = {(102, "proxy-old-name"): "this"}  # stale: the VM at 102 is named otherwise now
+    # Stale: the VM at 102 is named otherwise now.
+    known = {(102, "proxy-old-name"): Remembered("this", "running", 300)}
     guests = _by_vmid(world, known=known)
     assert guests[102].owner == "other"
+
+
+def test_a_vm_that_restarted_since_the_snapshot_is_read_again(world: World) -> None:
+    """A VM destroyed and re-created at the same VMID and name has run only since: its uptime is
+    shorter than the time since the snapshot that read the old one's mark."""
+    known = {(102, "proxy-other"): Remembered("this", "running", 300)}  # as if it were ours
+    world.api.stop("pve3", 102)
+    world.settle()
+    world.api.start("pve3", 102)
+    world.settle(5)  # it has run for 5 s since, the snapshot was 300 s ago
+    world.engine.ledger.clear()
+    guests = _by_vmid(world, known=known)
+    assert guests[102].owner == "other"
+    assert world.engine.ledger.count("GET", CONFIG) == 2  # 102, and 101 that nothing remembers
+
+
+def test_a_vm_whose_status_changed_since_the_snapshot_is_read_again(world: World) -> None:
+    known = {
+        (101, "proxy-legacy"): Remembered("this", "running", 300),  # it is stopped now
+        (102, "proxy-other"): Remembered("this", "stopped", 300),  # it runs now
+    }
+    guests = _by_vmid(world, known=known)
+    assert guests[101].owner == "foreign" and guests[102].owner == "other"
 
 
 def test_a_mark_that_cannot_be_read_is_not_claimed(world: World) -> None:
