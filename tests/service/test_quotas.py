@@ -121,10 +121,8 @@ def test_zero_refuses_every_new_proxy(pump: Pump, sim: Sim) -> None:
     assert not Proxy.objects.exists()
 
 
-def test_the_admin_add_form_refuses_past_max_proxies(pump: Pump, sim: Sim, people: People) -> None:
-    _declared(pump, sim, "a")
-    _limit(sim, max_proxies=1)
-    written = Written(pump)
+def _add_form_refused_past_one_proxy(sim: Sim, people: People) -> None:
+    """The add form posted, answered with the form and the maxProxies limit of 1 named."""
     with posting():
         page = people.client("operator").post(f"{PROXY_LIST}add/", _add(sim))
     assert page.status_code == 200
@@ -132,6 +130,13 @@ def test_the_admin_add_form_refuses_past_max_proxies(pump: Pump, sim: Sim, peopl
         "cluster pvesim allows at most 1 proxy (maxProxies); it holds 1 and this request adds 1"
         in page.content.decode()
     )
+
+
+def test_the_admin_add_form_refuses_past_max_proxies(pump: Pump, sim: Sim, people: People) -> None:
+    _declared(pump, sim, "a")
+    _limit(sim, max_proxies=1)
+    written = Written(pump)
+    _add_form_refused_past_one_proxy(sim, people)
     assert written.unchanged()
 
 
@@ -371,13 +376,7 @@ def test_a_quota_taken_between_the_add_forms_check_and_its_save_is_shown_on_the_
         _declared(pump, sim, "other")  # and taken before the save
 
     monkeypatch.setattr(ProxyForm, "_quota_errors", check_then_lose_the_race)
-    with posting():
-        page = people.client("operator").post(f"{PROXY_LIST}add/", _add(sim))
-    assert page.status_code == 200
-    assert (
-        "cluster pvesim allows at most 1 proxy (maxProxies); it holds 1 and this request adds 1"
-        in page.content.decode()
-    )
+    _add_form_refused_past_one_proxy(sim, people)
     # Nothing of the refused proxy is written. (The competing declaration, made here inside the
     # view's transaction, is rolled back with it; from another connection it would stay.)
     assert not Proxy.objects.filter(name="alpha").exists()
