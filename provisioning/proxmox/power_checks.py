@@ -195,9 +195,9 @@ def _examine(
             "wait for the Proxmox task holding the lock to finish, or clear a stale lock with "
             f"`qm unlock {vmid}`, then retry",
         )
-    not_ours = not_ours(req, config)
-    if not_ours:
-        return _refused(preview, not_ours, _NOT_OURS)
+    why = not_ours(req, config)
+    if why:
+        return _refused(preview, why, _NOT_OURS)
     try:
         check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
     except IdentityMismatch as err:
