@@ -170,7 +170,15 @@ STAGES: dict[str, tuple[str, ...]] = {
     OperationKind.START: _POWER,
     OperationKind.SHUTDOWN: _POWER,
     OperationKind.REBOOT: _POWER,
-    OperationKind.REPAIR: ("inspect", "write", "check", "reboot", "reboot_wait", "verify", "address"),
+    OperationKind.REPAIR: (
+        "inspect",
+        "write",
+        "check",
+        "reboot",
+        "reboot_wait",
+        "verify",
+        "address",
+    ),
 }
 
 # The phases an operator compares between runs (issue 5): queue is created → started; the

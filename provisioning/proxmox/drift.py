@@ -9,7 +9,7 @@ What is compared is the config Proxmox returns by default, pending values merged
 (pve-reference §7.11): what the VM runs with from its next start. An out-of-band ``cores``
 change on a running VM stays pending (§7.13) and is drift all the same.
 
-The listing (``/cluster/resources``, §7.9) shows ``maxcpu`` (sockets × cores, capped at the
+The listing (``/cluster/resources``, §7.9) shows ``maxcpu`` (sockets x cores, capped at the
 host's CPUs, or ``vcpus``) and ``maxmem`` of the *current* config for free: ``figures`` is
 that pair as one short string, which reconcile compares with the spec's and with the pair it
 saw at its last config read to decide whether a config read is worth its request. It cannot
@@ -139,7 +139,9 @@ def repair_values(config: Mapping[str, Any], spec: Spec) -> dict[str, str]:
     if "memory" in drifted:
         values["memory"] = str(spec.memory_mib)
     if drifted & {"net0.bridge", "net0.tag", "net0.mac"}:
-        net0 = rewrite_net0(str(config.get("net0") or ""), bridge=spec.bridge, vlan_tag=spec.vlan_tag)
+        net0 = rewrite_net0(
+            str(config.get("net0") or ""), bridge=spec.bridge, vlan_tag=spec.vlan_tag
+        )
         if spec.mac:
             net0 = with_mac(net0, spec.mac)
         values["net0"] = net0

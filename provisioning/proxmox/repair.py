@@ -221,7 +221,9 @@ class RepairMachine(StepMachine[RepairRequest]):
 
     # --- write: one PUT with the digest that was read ------------------------------------
 
-    def _write(self, req: RepairRequest, progress: Progress, deadline: Deadline | None) -> StepResult:
+    def _write(
+        self, req: RepairRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
         node, changes = str(progress["node"]), dict(progress.get("set") or {})
         revert = list(progress.get("revert") or [])
         try:
@@ -258,7 +260,9 @@ class RepairMachine(StepMachine[RepairRequest]):
 
     # --- check: is anything left pending? -----------------------------------------------
 
-    def _check(self, req: RepairRequest, progress: Progress, deadline: Deadline | None) -> StepResult:
+    def _check(
+        self, req: RepairRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
         node = str(progress["node"])
         left = sorted(_pending_keys(self.api.vm_pending(node, req.vmid, deadline=deadline)))
         if not left:
@@ -278,7 +282,9 @@ class RepairMachine(StepMachine[RepairRequest]):
 
     # --- reboot: only for what stays pending --------------------------------------------
 
-    def _reboot(self, req: RepairRequest, progress: Progress, deadline: Deadline | None) -> StepResult:
+    def _reboot(
+        self, req: RepairRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
         node = str(progress["node"])
         result = self.submit_task(
             progress,
@@ -318,7 +324,9 @@ class RepairMachine(StepMachine[RepairRequest]):
 
     # --- verify ----------------------------------------------------------------------------
 
-    def _verify(self, req: RepairRequest, progress: Progress, deadline: Deadline | None) -> StepResult:
+    def _verify(
+        self, req: RepairRequest, progress: Progress, deadline: Deadline | None
+    ) -> StepResult:
         node = str(progress["node"])
         items = self.api.vm_pending(node, req.vmid, deadline=deadline)
         rebooted = bool(progress.get("receipt"))

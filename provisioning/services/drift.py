@@ -11,7 +11,7 @@ proxy's config is read only:
 * on a slow rotation, because the listing shows neither net0 nor a pending change: a proxy whose
   config was last compared more than ``PROXYHUB_DRIFT_RECHECK_SECONDS`` ago (default 3,600 s,
   its create counting as a comparison), oldest first, at most
-  ``ceil(PROXYHUB_DRIFT_ROTATION_SHARE × proxies)`` per cluster per round (default 0.05). With
+  ``ceil(PROXYHUB_DRIFT_ROTATION_SHARE x proxies)`` per cluster per round (default 0.05). With
   Beat's 60 s round that is a read per proxy per hour: 0.017 requests per proxy per round on
   average, 0.05 at most in any round of a fleet of 20 or more, and none at all in a round where
   no comparison is due.

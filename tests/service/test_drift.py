@@ -152,7 +152,7 @@ def test_the_rotation_reads_a_bounded_share_of_the_fleet_per_round(
     settings.PROXYHUB_DRIFT_ROTATION_SHARE = 0.25
     sim.engine.ledger.clear()
     pump.call(reconcile_round)
-    assert sim.engine.ledger.count("GET", CONFIG) == 1  # ceil(0.25 × 4), oldest first
+    assert sim.engine.ledger.count("GET", CONFIG) == 1  # ceil(0.25 x 4), oldest first
     read = {int(e.path_params["vmid"]) for e in sim.engine.ledger.calls("GET", CONFIG)}
     sim.engine.ledger.clear()
     pump.call(reconcile_round)
