@@ -5,9 +5,12 @@ simulator's own API, as an operator in the Proxmox UI would; every count is the 
 
 from __future__ import annotations
 
+import json
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from pump import Pump, Sim, running_fleet
 
 from provisioning.models import Operation, Proxy
@@ -108,6 +111,29 @@ def test_each_drifted_field_is_shown_and_nothing_is_repaired_under_report(
     # Under the default policy nothing is written to Proxmox and no operation starts.
     assert sim.engine.ledger.mutations() == []
     assert not Operation.objects.filter(proxy=proxy, kind=OperationKind.REPAIR).exists()
+
+
+def test_drift_is_listed_by_the_command_and_the_admin(
+    pump: Pump, networked: Sim, settings: Any, admin_client: Any
+) -> None:
+    sim = networked
+    proxy = _one(pump, sim)
+    _behind_its_back(sim, proxy, "net0.tag")
+    _due_every_round(settings)
+    pump.call(reconcile_round)
+
+    out = StringIO()
+    call_command("proxies", "list", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())
+    assert row["drift"] == [{"field": "net0.tag", "want": "20", "have": "30"}]
+
+    listed = admin_client.get("/admin/provisioning/proxy/?drift=yes").content.decode()
+    assert proxy.name in listed and "net0.tag 30 (want 20)" in listed
+    assert (
+        proxy.name not in admin_client.get("/admin/provisioning/proxy/?drift=no").content.decode()
+    )
+    page = admin_client.get(f"/admin/provisioning/proxy/{proxy.pk}/change/").content.decode()
+    assert "<td>net0.tag</td><td>20</td><td>30</td>" in page
 
 
 def test_a_converged_round_costs_one_listing_and_a_listing_change_one_read(
