@@ -377,3 +377,35 @@ def test_a_catalogue_edit_is_not_drift(pump: Pump, sim: Sim, settings: Any) -> N
     assert counts["drift_checked"] == 1
     proxy.refresh_from_db()
     assert proxy.drift == []
+
+
+@pytest.mark.parametrize("lost", ["write", "reboot"])
+def test_a_repair_whose_reply_is_lost_is_never_sent_twice(
+    pump: Pump, networked: Sim, lost: str
+) -> None:
+    """Seed 001's receipts: the PUT or the reboot is applied and its reply lost. The retry reads
+    back (the write's own digest change is recognised as ours; the reboot is found in the node's
+    tasks) and the repair ends with one write and one reboot."""
+    sim = networked
+    proxy = _one(pump, sim)
+    _behind_its_back(sim, proxy, "cores")
+    _restarted_in_proxmox(sim, proxy)
+    _policy(sim, DriftPolicy.REPAIR)
+    sim.engine.ledger.clear()
+    if lost == "write":
+        sim.engine.control.drop_reply("PUT", CONFIG)
+    else:
+        sim.engine.control.drop_reply("POST", REBOOT.split(" ", 1)[1])
+
+    pump.call(reconcile_round)
+    pump.run()
+
+    assert [e.fault for e in sim.engine.ledger.calls() if e.fault] == ["drop"]
+    op = Operation.objects.get(proxy=proxy, kind=OperationKind.REPAIR)
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    applied = [e for e in sim.engine.ledger.calls("PUT", PUT_CONFIG) if e.mutation]
+    assert len(applied) == 1
+    assert len([e for e in sim.engine.ledger.calls("POST", REBOOT) if e.mutation]) == 1
+    assert str(_config(sim, proxy)["cores"]) == "1"
+    proxy.refresh_from_db()
+    assert proxy.phase == Phase.RUNNING and proxy.drift == []
