@@ -246,8 +246,9 @@ class RepairMachine(StepMachine[RepairRequest]):
                     f"the config of VM {req.vmid} ({req.vm_name}) changed since proxyhub read "
                     f"it (Proxmox: {err.message.strip()}); nothing was written",
                     remediation="someone else edited the VM meanwhile: check the change in "
-                    "Proxmox; reconcile reads the VM again and shows what still differs, and a "
-                    "new repair is an operator's (Repair drift on the proxy)",
+                    "Proxmox; reconcile reads the VM again and shows what still differs, and "
+                    "repairs it again only after another operation on the proxy (a reboot, a "
+                    "replace): the next try is an operator's",
                     op=OP,
                 ) from err
         return StepResult(
