@@ -221,11 +221,7 @@ def _examine(
             f"{label} is {qmp} (QEMU runs, the guest does not)",
             f"resume it in Proxmox (`qm resume {vmid}`) or stop it there, then retry",
         )
-    # ``ha.managed`` in status/current, ``hastate`` in the listing (pve-reference §7.9, §7.17).
-    ha = status.get("ha")
-    ha_state = entry.get("hastate")
-    if isinstance(ha, Mapping) and truthy(ha.get("managed")):
-        ha_state = ha.get("state") or ha_state or "managed"
+    ha_state = ha_state_of(entry, status)
     if ha_state:
         return _refused(
             preview,
@@ -301,6 +297,16 @@ def _refused(preview: PowerPreview, message: str, remediation: str) -> tuple[Pow
 
 def _skipped(preview: PowerPreview, noop: str) -> tuple[PowerPreview, None]:
     return replace(preview, noop=noop), None
+
+
+def ha_state_of(entry: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
+    """The HA state of a VM managed by Proxmox HA, or None: ``ha.managed`` in status/current,
+    ``hastate`` in the listing (pve-reference §7.9, §7.17)."""
+    ha = status.get("ha")
+    state = entry.get("hastate")
+    if isinstance(ha, Mapping) and truthy(ha.get("managed")):
+        state = ha.get("state") or state or "managed"
+    return str(state) if state else None
 
 
 def truthy(value: object) -> bool:

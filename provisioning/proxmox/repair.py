@@ -37,7 +37,7 @@ from .errors import ApiError, NotFoundError, PermanentError, TaskFailed, Transie
 from .identity import Identity, check_identity
 from .ids import parse_provider_id
 from .power import POWERDOWN_MARGIN, SHUTDOWN_TIMEOUT
-from .power_checks import HALTED, not_ours, truthy
+from .power_checks import HALTED, ha_state_of, not_ours
 from .steps import Progress, StepMachine, StepResult, advance
 
 log = logging.getLogger("proxyhub.proxmox.provider")
@@ -198,10 +198,7 @@ class RepairMachine(StepMachine[RepairRequest]):
                 f"{label} is {qmp} (QEMU runs, the guest does not)",
                 f"resume it in Proxmox (`qm resume {req.vmid}`) or stop it there",
             )
-        ha = status.get("ha")
-        ha_state = entry.get("hastate")
-        if isinstance(ha, Mapping) and truthy(ha.get("managed")):
-            ha_state = ha.get("state") or ha_state or "managed"
+        ha_state = ha_state_of(entry, status)
         if ha_state:
             raise self._refusal(
                 f"{label} is managed by Proxmox HA (state {ha_state})",

@@ -81,6 +81,17 @@ def _due_every_round(settings: Any) -> None:
     settings.PROXYHUB_DRIFT_RECHECK_SECONDS = 0
 
 
+def _drifted_under_repair(pump: Pump, sim: Sim, settings: Any, change: str) -> Proxy:
+    """A Running proxy whose VM had ``change`` made behind its back, on a cluster whose policy
+    is ``repair``, due for a comparison this round; the ledger starts empty."""
+    proxy = _one(pump, sim)
+    _behind_its_back(sim, proxy, change)
+    _policy(sim, DriftPolicy.REPAIR)
+    _due_every_round(settings)
+    sim.engine.ledger.clear()
+    return proxy
+
+
 @pytest.mark.parametrize(
     ("change", "want", "have"),
     [
@@ -228,11 +239,7 @@ def test_repair_of_a_change_still_pending_reverts_it_without_a_reboot(
     """Cores changed in Proxmox on the running VM wait for a restart; the VM still runs with its
     spec, so the repair only reverts the pending change (``revert``, §7.13) and never reboots."""
     sim = networked
-    proxy = _one(pump, sim)
-    _behind_its_back(sim, proxy, "cores")
-    _policy(sim, DriftPolicy.REPAIR)
-    _due_every_round(settings)
-    sim.engine.ledger.clear()
+    proxy = _drifted_under_repair(pump, sim, settings, "cores")
 
     assert pump.call(reconcile_round)["repair"] == 1
     pump.run()
@@ -278,10 +285,7 @@ def test_a_config_change_between_the_read_and_the_write_is_not_overwritten(
     """The repair writes with the digest it read: someone's edit landing in between makes
     Proxmox refuse the write (pve-reference §3.4), and the repair ends saying so."""
     sim = networked
-    proxy = _one(pump, sim)
-    _behind_its_back(sim, proxy, "cores")
-    _policy(sim, DriftPolicy.REPAIR)
-    _due_every_round(settings)
+    proxy = _drifted_under_repair(pump, sim, settings, "cores")
 
     def meanwhile(call: Call) -> None:
         sim.api.set_vm_config(proxy.node, int(proxy.vmid or 0), {"cores": "4"})
@@ -310,10 +314,7 @@ def test_a_config_change_between_the_read_and_the_write_is_not_overwritten(
 
 def test_repair_never_runs_on_a_busy_proxy(pump: Pump, networked: Sim, settings: Any) -> None:
     sim = networked
-    proxy = _one(pump, sim)
-    _behind_its_back(sim, proxy, "cores")
-    _policy(sim, DriftPolicy.REPAIR)
-    _due_every_round(settings)
+    proxy = _drifted_under_repair(pump, sim, settings, "cores")
     pump.call(operations.proxy_power, proxy=proxy, action="reboot")  # queued, not yet run
     counts = pump.call(reconcile_round)
     assert counts["busy"] == 1
@@ -326,10 +327,7 @@ def test_repair_is_void_when_the_operator_acted_since_the_snapshot(
     """The operator shuts the proxy down while reconcile lists: the decision to repair was taken
     on a snapshot that no longer holds, so nothing starts (issue 10's rule)."""
     sim = networked
-    proxy = _one(pump, sim)
-    _behind_its_back(sim, proxy, "cores")
-    _policy(sim, DriftPolicy.REPAIR)
-    _due_every_round(settings)
+    proxy = _drifted_under_repair(pump, sim, settings, "cores")
 
     def operator_shuts_down(call: Call) -> None:
         pump.call(operations.proxy_power, proxy=proxy, action="shutdown")
