@@ -76,6 +76,12 @@ def _behind_its_back(sim: Sim, proxy: Proxy, change: str) -> dict[str, str]:
     return values
 
 
+def _restored_net0(sim: Sim, proxy: Proxy) -> str:
+    """net0 as it was built: the spec's bridge, tag and MAC in the VM's own option order."""
+    mac = str(proxy.vm_spec["mac"]).upper()
+    return _net0_with(sim, proxy, bridge="vmbr0", tag="20", virtio=mac)
+
+
 def _due_every_round(settings: Any) -> None:
     """Every converged proxy's config is due for its rotation read each round."""
     settings.PROXYHUB_DRIFT_RECHECK_SECONDS = 0
@@ -197,6 +203,15 @@ def test_the_rotation_reads_a_bounded_share_of_the_fleet_per_round(
     assert again and again != read  # the next round reads the next-oldest
 
 
+def _repaired(pump: Pump, proxy: Proxy) -> Operation:
+    """One reconcile round starts a repair of ``proxy``, and it runs to success."""
+    assert pump.call(reconcile_round)["repair"] == 1
+    pump.run()
+    op = Operation.objects.get(proxy=proxy, kind=OperationKind.REPAIR)
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    return op
+
+
 def _restarted_in_proxmox(sim: Sim, proxy: Proxy) -> None:
     """The operator restarts the VM in Proxmox: what was pending now runs."""
     sim.api.reboot(proxy.node, int(proxy.vmid or 0))
@@ -216,11 +231,7 @@ def test_repair_reboots_when_the_change_stays_pending(pump: Pump, networked: Sim
     _policy(sim, DriftPolicy.REPAIR)
     sim.engine.ledger.clear()
 
-    assert pump.call(reconcile_round)["repair"] == 1
-    pump.run()
-
-    op = Operation.objects.get(proxy=proxy, kind=OperationKind.REPAIR)
-    assert op.state == OperationState.SUCCEEDED, op.last_error
+    _repaired(pump, proxy)
     assert sim.engine.ledger.count("PUT", PUT_CONFIG) == 1
     assert sim.engine.ledger.count("POST", REBOOT) == 1
     pending = sim.api.vm_pending(proxy.node, int(proxy.vmid or 0))
@@ -241,11 +252,7 @@ def test_repair_of_a_change_still_pending_reverts_it_without_a_reboot(
     sim = networked
     proxy = _drifted_under_repair(pump, sim, settings, "cores")
 
-    assert pump.call(reconcile_round)["repair"] == 1
-    pump.run()
-
-    op = Operation.objects.get(proxy=proxy, kind=OperationKind.REPAIR)
-    assert op.state == OperationState.SUCCEEDED, op.last_error
+    _repaired(pump, proxy)
     (write,) = sim.engine.ledger.calls("PUT", PUT_CONFIG)
     assert write.params.get("revert") == "cores" and "cores" not in write.params
     assert sim.engine.ledger.count("POST", REBOOT) == 0
@@ -260,18 +267,10 @@ def test_repair_of_a_hot_plugged_change_does_not_reboot(
     pump: Pump, networked: Sim, settings: Any, change: str
 ) -> None:
     sim = networked
-    proxy = _one(pump, sim)
-    built = _config(sim, proxy)["net0"]
-    _behind_its_back(sim, proxy, change)
-    _policy(sim, DriftPolicy.REPAIR)
-    _due_every_round(settings)
-    sim.engine.ledger.clear()
+    proxy = _drifted_under_repair(pump, sim, settings, change)
+    built = _restored_net0(sim, proxy)
 
-    assert pump.call(reconcile_round)["repair"] == 1
-    pump.run()
-
-    op = Operation.objects.get(proxy=proxy, kind=OperationKind.REPAIR)
-    assert op.state == OperationState.SUCCEEDED, op.last_error
+    _repaired(pump, proxy)
     assert sim.engine.ledger.count("PUT", PUT_CONFIG) == 1
     assert sim.engine.ledger.count("POST", REBOOT) == 0
     assert _config(sim, proxy)["net0"].upper() == built.upper()
