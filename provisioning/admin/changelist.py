@@ -160,6 +160,24 @@ class CatalogueValuesFilter(admin.AllValuesFieldListFilter):
         self.lookup_choices = values  # type: ignore[assignment]
 
 
+class DriftFilter(admin.SimpleListFilter):
+    """Proxies whose VM differs from its spec at the last comparison (issue 14), or not. Two
+    fixed choices, so it costs no query of its own."""
+
+    title = "drift"
+    parameter_name = "drift"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [("yes", "drifted"), ("no", "in step")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.exclude(drift=[])
+        if self.value() == "no":
+            return queryset.filter(drift=[])
+        return queryset
+
+
 class EstimatedCountPaginator(Paginator):
     """Django's paginator, with the planner's row estimate for the count of a big unfiltered
     table on PostgreSQL (see module doc). ``estimated`` tells the templates which they got.

@@ -134,6 +134,7 @@ class ClusterAdmin(GuardedActionsMixin):
                 "fields": (
                     "request_timeout_seconds",
                     "install_guest_agent",
+                    "drift_policy",
                     "vendor_data",
                     "clear_vendor_data",
                 )

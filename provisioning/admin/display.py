@@ -7,19 +7,21 @@ fetched once), so list pages keep a constant query count whatever their size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
 from provisioning.models import CircuitBreaker, CircuitState, Operation, OperationStep, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase, StepState
+from provisioning.services.drift import drift_summary
 
 # Badge colours (CSS classes in templates/admin/provisioning/badges.html): green once a proxy
 # does its job, blue while work is under way, grey when stopped, red when an operator must act.
@@ -97,6 +99,41 @@ def short_error(text: str, limit: int = ERROR_SHOWN) -> SafeString | str:
     return format_html('<span title="{}">{}</span>', text, Truncator(text).chars(limit))
 
 
+def drift_line(drift: Sequence[Mapping[str, Any]]) -> str:
+    """The list column: ``cores 2 (want 1)``, one part per field, blank when in step."""
+    return drift_summary(drift or [])
+
+
+def drift_table(drift: Sequence[Mapping[str, Any]]) -> SafeString | str:
+    """The change page: one row per field that differs, what the spec wants and what the VM has."""
+    if not drift:
+        return "none: the VM matched its spec at the last comparison"
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+        ((d.get("field"), d.get("want") or "unset", d.get("have") or "unset") for d in drift),
+    )
+    return format_html(
+        "<table><thead><tr><th>field</th><th>want</th><th>have</th></tr></thead>"
+        "<tbody>{}</tbody></table>",
+        rows,
+    )
+
+
+def vm_spec_line(spec: Mapping[str, Any]) -> str:
+    """``1 cores, 1024 MiB, bridge vmbr0, tag 20, MAC bc:24:…``; blank until recorded."""
+    if not spec:
+        return "not recorded yet (the first comparison records the catalogue's figures)"
+    parts = [f"{spec.get('cores')} cores", f"{spec.get('memoryMiB')} MiB"]
+    if spec.get("bridge"):
+        parts.append(f"bridge {spec['bridge']}")
+    if spec.get("vlanTag") is not None:
+        parts.append(f"tag {spec['vlanTag']}")
+    if spec.get("mac"):
+        parts.append(f"MAC {spec['mac']}")
+    return ", ".join(parts)
+
+
 def age(when: datetime | None, now: datetime | None = None) -> str:
     """``3 minutes``: the largest unit only, which is what a list column needs."""
     if when is None:
@@ -170,6 +207,15 @@ STAGES: dict[str, tuple[str, ...]] = {
     OperationKind.START: _POWER,
     OperationKind.SHUTDOWN: _POWER,
     OperationKind.REBOOT: _POWER,
+    OperationKind.REPAIR: (
+        "inspect",
+        "write",
+        "check",
+        "reboot",
+        "reboot_wait",
+        "verify",
+        "address",
+    ),
 }
 
 # The phases an operator compares between runs (issue 5): queue is created → started; the

@@ -64,6 +64,8 @@ OBSERVED = (
     "last_error",
     "last_error_class",
 )
+# Issue 14: what the VM was built with, and what differs from it at the last config read.
+DRIFT = ("drift_table", "vm_spec_shown", "drift_checked_at")
 
 
 # The request attribute that carries a quota refusal from the save back to the form.
@@ -81,6 +83,7 @@ class ProxyAdmin(GuardedActionsMixin):
         "phase_badge",
         "ip",
         "error_short",
+        "drift_short",
         "age",
     )
     list_select_related = ("cluster",)
@@ -92,6 +95,7 @@ class ProxyAdmin(GuardedActionsMixin):
         ("node", changelist.CatalogueValuesFilter),
         ("machine_type", changelist.CatalogueValuesFilter),
         ("image", changelist.CatalogueValuesFilter),
+        changelist.DriftFilter,
     )
     search_fields = ("name",)
     search_help_text = (
@@ -133,10 +137,18 @@ class ProxyAdmin(GuardedActionsMixin):
             },
         ),
         ("Observed", {"fields": OBSERVED}),
+        (
+            "Drift",
+            {
+                "fields": DRIFT,
+                "description": "The VM's cores, memory and net0 against what it was built "
+                "with; the cluster's drift policy says whether reconcile repairs them.",
+            },
+        ),
         ("Operations", {"fields": ("operations_list",)}),
     )
     # Shown, never edited: what proxyhub and Proxmox report, and the proxy's identity.
-    observed_fields = ("uid_shown", "cloud_init_summary", *OBSERVED, "operations_list")
+    observed_fields = ("uid_shown", "cloud_init_summary", *OBSERVED, *DRIFT, "operations_list")
 
     # --- permissions: the custom ones of Proxy's Meta -----------------------------------------
 
@@ -176,6 +188,18 @@ class ProxyAdmin(GuardedActionsMixin):
     @admin.display(description="last error")
     def error_short(self, obj: Proxy) -> SafeString | str:
         return display.short_error(obj.last_error)
+
+    @admin.display(description="drift")
+    def drift_short(self, obj: Proxy) -> str:
+        return display.drift_line(obj.drift)
+
+    @admin.display(description="what differs")
+    def drift_table(self, obj: Proxy) -> SafeString | str:
+        return display.drift_table(obj.drift)
+
+    @admin.display(description="built with")
+    def vm_spec_shown(self, obj: Proxy) -> str:
+        return display.vm_spec_line(obj.vm_spec)
 
     @admin.display(description="age", ordering="created_at")
     def age(self, obj: Proxy) -> str:

@@ -26,6 +26,8 @@ from provisioning.proxmox.config import (
     TemplateRef,
 )
 
+from .choices import DriftPolicy
+
 LABEL = RegexValidator(
     r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$",
     "lower-case letters, digits and inner hyphens (a DNS label)",
@@ -49,6 +51,7 @@ _FIELD_FOR_PATH = {
     "vmidRange.min": "vmid_min",
     "vmidRange.max": "vmid_max",
     "requestTimeoutSeconds": "request_timeout_seconds",
+    "driftPolicy": "drift_policy",
 }
 
 
@@ -86,6 +89,15 @@ class Cluster(models.Model):
     # Sealed like a proxy's cloud-init: the ``vendor_data`` property opens it.
     vendor_data_sealed = models.BinaryField(default=b"", editable=False)
     install_guest_agent = models.BooleanField(default=True)
+    # Issue 14: what reconcile does about a proxy VM whose cores, memory or net0 no longer
+    # match the catalogue (``services.reconcile``, ``proxmox/drift.py``).
+    drift_policy = models.CharField(
+        max_length=8,
+        choices=DriftPolicy.choices,
+        default=DriftPolicy.REPORT,
+        help_text="report: show drift on the proxy; repair: also set the VM back to the "
+        "catalogue (idle proxies only, rebooting only when Proxmox keeps the change pending)",
+    )
     # Issue 11: the CA proxyhub trusts for ``url``, as ``credentials.ca_fingerprint`` writes it.
     # Recorded when someone allowed to change the endpoint saves or imports it, or by the first
     # preflight; the transport refuses a caFile whose CA no longer matches. A new url clears it
@@ -233,6 +245,7 @@ class Cluster(models.Model):
             request_timeout_seconds=self.request_timeout_seconds,
             vendor_data=self.vendor_data or None,
             install_guest_agent=self.install_guest_agent,
+            drift_policy=self.drift_policy,
             installation_id=installation_id,
             credentials_dir=settings.PROXYHUB_CREDENTIALS_DIR,
             ca_fingerprint=self.ca_fingerprint or None,

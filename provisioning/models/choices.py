@@ -42,6 +42,15 @@ class OperationKind(models.TextChoices):
     START = "start"
     SHUTDOWN = "shutdown"
     REBOOT = "reboot"
+    # Issue 14: set a drifted VM's cores, memory and net0 back to the catalogue.
+    REPAIR = "repair"
+
+
+class DriftPolicy(models.TextChoices):
+    """What reconcile does about drift (``proxmox/drift.py``): show it, or also repair it."""
+
+    REPORT = "report"
+    REPAIR = "repair"
 
 
 class OperationState(models.TextChoices):

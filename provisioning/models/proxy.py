@@ -58,6 +58,18 @@ class Proxy(models.Model):
     smbios_uuid = models.CharField("SMBIOS UUID", max_length=36, blank=True, editable=False)
     vmgenid = models.CharField("vmgenid", max_length=36, blank=True, editable=False)
     spec_hash = models.CharField(max_length=64, blank=True, editable=False)
+    # Issue 14, drift. What the VM was built with: cores, memoryMiB, bridge, vlanTag (the last
+    # two only when the cluster set them) and net0's MAC, recorded when a create made or adopted
+    # it. Drift is measured against this, not the catalogue of today: a catalogue edit affects
+    # only VMs created afterwards (DESIGN.md §4). Empty for a proxy from before it was kept,
+    # until its first config read records the catalogue's figures and the MAC it finds.
+    vm_spec = models.JSONField(default=dict, blank=True, editable=False)
+    drift = models.JSONField(default=list, blank=True, editable=False)
+    # When the VM's config was last compared with the spec, and the listing's maxcpu/maxmem
+    # then ("<cpus>/<bytes>"): reconcile reads a config again only when the listing shows other
+    # figures or the comparison is older than the drift recheck interval (``services.drift``).
+    drift_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    drift_listing = models.CharField(max_length=40, blank=True, editable=False)
     last_error = models.TextField(blank=True)
     last_error_class = models.CharField(max_length=16, choices=ErrorClass.choices, blank=True)
     observed_at = models.DateTimeField(null=True, blank=True)

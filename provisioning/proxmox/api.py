@@ -402,13 +402,18 @@ class Api:
         values: Mapping[str, str | int | bool],
         *,
         delete: list[str] | None = None,
+        revert: list[str] | None = None,
         digest: str | None = None,
         deadline: Deadline | None = None,
     ) -> None:
-        """``PUT .../config``: synchronous, applied under the VM's lock before returning."""
+        """``PUT .../config``: synchronous, applied under the VM's lock before returning.
+        ``revert`` drops pending changes of those keys; ``digest`` makes Proxmox refuse the
+        write when the config changed since it was read (pve-reference §7.13, §3.4)."""
         params = {k: _bool(v) if isinstance(v, bool) else str(v) for k, v in values.items()}
         if delete:
             params["delete"] = ",".join(delete)
+        if revert:
+            params["revert"] = ",".join(revert)
         if digest:
             params["digest"] = digest
         call = Call(

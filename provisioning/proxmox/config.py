@@ -71,9 +71,13 @@ _TOP_KEYS = (
     "requestTimeoutSeconds",
     "vendorData",
     "installGuestAgent",
+    "driftPolicy",
 )
 _REQUIRED_KEYS = ("name", "url", "tokenFile", "nodes", "isoStorage", "templates", "machineTypes")
 _RANGE_KEYS = ("min", "max")
+# Issue 14: what reconcile does about a proxy VM whose cores, memory or net0 differ from the
+# catalogue: show it (``report``), or also set them back (``repair``, ``services.reconcile``).
+DRIFT_POLICIES = ("report", "repair")
 _TEMPLATE_KEYS = ("vmid",)
 _MACHINE_KEYS = ("cores", "memoryMiB", "diskGiB")
 # Values never echoed in an error: vendor-data is guest configuration and may hold secrets.
@@ -178,6 +182,7 @@ class ProxmoxConfig:
     request_timeout_seconds: float = 30.0
     vendor_data: str | None = None
     install_guest_agent: bool = True
+    drift_policy: str = "report"
     installation_id: str = ""
     credentials_dir: str | None = None
     ca_fingerprint: str | None = None
@@ -227,6 +232,7 @@ class ProxmoxConfig:
             "pool": "pool",
             "vendorData": "vendor_data",
             "installGuestAgent": "install_guest_agent",
+            "driftPolicy": "drift_policy",
         }
         for key, attr in simple.items():
             if data.get(key) is not None:
@@ -318,6 +324,7 @@ class ProxmoxConfig:
         if self.vendor_data is not None:
             out["vendorData"] = self.vendor_data
         out["installGuestAgent"] = self.install_guest_agent
+        out["driftPolicy"] = self.drift_policy
         return out
 
     # --- rules -------------------------------------------------------------------------
@@ -442,6 +449,8 @@ class ProxmoxConfig:
             bad("vendorData", "text when set", self.vendor_data)
         if not isinstance(self.install_guest_agent, bool):
             bad("installGuestAgent", "true or false", self.install_guest_agent)
+        if self.drift_policy not in DRIFT_POLICIES:
+            bad("driftPolicy", " or ".join(DRIFT_POLICIES), self.drift_policy)
         if not (
             isinstance(self.installation_id, str)
             and _INSTALLATION_ID.fullmatch(self.installation_id)

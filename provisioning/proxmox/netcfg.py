@@ -74,3 +74,27 @@ def net0_mac(value: object) -> str | None:
         if sep and (key == "macaddr" or key in _NIC_MODELS) and val.strip():
             return val.strip().lower()
     return None
+
+
+def net0_option(value: object, key: str) -> str:
+    """One option of a ``netN`` property string (``bridge``, ``tag``), ``""`` when absent."""
+    if not isinstance(value, str):
+        return ""
+    for option in value.split(","):
+        name, sep, val = option.partition("=")
+        if sep and name.strip() == key:
+            return val.strip()
+    return ""
+
+
+def with_mac(value: str, mac: str) -> str:
+    """``value`` with its MAC set to ``mac``, in place (the model's ``<model>=<MAC>`` or
+    ``macaddr=``), every other option kept; upper-case as Proxmox prints it (§5.3)."""
+    options = value.split(",") if value else []
+    for index, option in enumerate(options):
+        key, sep, _ = option.partition("=")
+        key = key.strip()
+        if sep and (key == "macaddr" or key in _NIC_MODELS):
+            options[index] = f"{key}={mac.upper()}"
+            return ",".join(options)
+    return ",".join([*options, f"macaddr={mac.upper()}"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -60,6 +60,13 @@ class Instance:
     agent: str = ""
     smbios_uuid: str = ""
     vmgenid: str = ""
+    # The config keys drift is measured on (``drift.config_drift``), from the config read this
+    # get made anyway; None when no config was read (the boot watch), so no drift is judged.
+    sizing: Mapping[str, str] | None = field(default=None, hash=False)
+
+
+# What ``Instance.sizing`` keeps of a config.
+SIZING_KEYS = ("cores", "memory", "net0")
 
 
 def map_state(status: str, qmpstatus: str) -> State | None:
@@ -193,6 +200,7 @@ def _read(
             state="Stopped",
             smbios_uuid=found.smbios_uuid,
             vmgenid=found.vmgenid,
+            sizing={k: config[k] for k in SIZING_KEYS if k in config},
         )
         if config.get("lock") == "suspended" or lock == "suspended":
             return replace(base, lock="suspended", status="stopped")

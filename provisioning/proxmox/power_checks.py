@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .api import Api
 from .deadline import Cancelled, Deadline, DeadlineExceeded
@@ -29,7 +29,7 @@ Action = Literal["start", "shutdown", "reboot"]
 ACTIONS: tuple[Action, ...] = ("start", "shutdown", "reboot")
 
 # pve-reference §7.17: QMP run states in which QEMU runs but the guest does not.
-_HALTED = frozenset({"paused", "suspended", "prelaunch"})
+HALTED = frozenset({"paused", "suspended", "prelaunch"})
 
 
 @dataclass(frozen=True)
@@ -195,9 +195,9 @@ def _examine(
             "wait for the Proxmox task holding the lock to finish, or clear a stale lock with "
             f"`qm unlock {vmid}`, then retry",
         )
-    not_ours = _not_ours(req, config)
-    if not_ours:
-        return _refused(preview, not_ours, _NOT_OURS)
+    why = not_ours(req, config)
+    if why:
+        return _refused(preview, why, _NOT_OURS)
     try:
         check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
     except IdentityMismatch as err:
@@ -215,17 +215,13 @@ def _examine(
     if req.action == "shutdown" and st == "stopped":
         return _skipped(preview, f"{label} is already stopped; shutdown skipped")
 
-    if st == "running" and qmp in _HALTED:
+    if st == "running" and qmp in HALTED:
         return _refused(
             preview,
             f"{label} is {qmp} (QEMU runs, the guest does not)",
             f"resume it in Proxmox (`qm resume {vmid}`) or stop it there, then retry",
         )
-    # ``ha.managed`` in status/current, ``hastate`` in the listing (pve-reference §7.9, §7.17).
-    ha = status.get("ha")
-    ha_state = entry.get("hastate")
-    if isinstance(ha, Mapping) and _truthy(ha.get("managed")):
-        ha_state = ha.get("state") or ha_state or "managed"
+    ha_state = ha_state_of(entry, status)
     if ha_state:
         return _refused(
             preview,
@@ -268,8 +264,20 @@ _NOT_OURS = (
 )
 
 
-def _not_ours(req: PowerRequest, config: Mapping[str, str]) -> str | None:
-    """Why the VM is not this proxy's, or None: the name and mark check of ``delete``."""
+class Target(Protocol):
+    """Which VM a request means: its VMID, its name and its proxy's UID."""
+
+    @property
+    def vmid(self) -> int: ...
+    @property
+    def vm_name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
+def not_ours(req: Target, config: Mapping[str, str]) -> str | None:
+    """Why the VM is not this proxy's, or None: the name and mark check of ``delete`` (shared
+    with ``repair.py``)."""
     vmid, found = req.vmid, config.get("name")
     if found != req.vm_name:
         now = f"named {found!r}" if found else "unnamed"
@@ -291,6 +299,16 @@ def _skipped(preview: PowerPreview, noop: str) -> tuple[PowerPreview, None]:
     return replace(preview, noop=noop), None
 
 
-def _truthy(value: object) -> bool:
+def ha_state_of(entry: Mapping[str, Any], status: Mapping[str, Any]) -> str | None:
+    """The HA state of a VM managed by Proxmox HA, or None: ``ha.managed`` in status/current,
+    ``hastate`` in the listing (pve-reference §7.9, §7.17)."""
+    ha = status.get("ha")
+    state = entry.get("hastate")
+    if isinstance(ha, Mapping) and truthy(ha.get("managed")):
+        state = ha.get("state") or state or "managed"
+    return str(state) if state else None
+
+
+def truthy(value: object) -> bool:
     """Proxmox booleans arrive as 0/1 numbers or strings (pve-reference §8.1)."""
     return value not in (None, "", 0, "0")

@@ -48,6 +48,8 @@ from .power import new_progress as new_power_progress
 from .power_checks import PowerPreview, PowerRequest, inspect_power
 from .release import ReleaseMachine, ReleaseRequest
 from .release import new_progress as new_release_progress
+from .repair import RepairMachine, RepairRequest
+from .repair import new_progress as new_repair_progress
 from .steps import Progress, StepResult
 from .waits import Durations, NoDurations
 
@@ -75,6 +77,7 @@ class Provider:
         self._delete = DeleteMachine(api, config, self.budgets, clock=clock, durations=known)
         self._power = PowerMachine(api, config, self.budgets, clock=clock, durations=known)
         self._release = ReleaseMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._repair = RepairMachine(api, config, self.budgets, clock=clock, durations=known)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------
@@ -133,6 +136,17 @@ class Provider:
     ) -> StepResult:
         """Eject the seed from a booted VM of ours and remove it from storage (``release``)."""
         return self._release.step(req, progress, deadline=deadline)
+
+    # --- drift repair (issue 14) --------------------------------------------------------
+
+    @staticmethod
+    def new_repair_progress() -> Progress:
+        return new_repair_progress()
+
+    def repair_step(
+        self, req: RepairRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        return self._repair.step(req, progress, deadline=deadline)
 
     # --- power (seed 001) --------------------------------------------------------------
 

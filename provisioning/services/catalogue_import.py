@@ -218,6 +218,7 @@ _SCALARS = (
     ("requestTimeoutSeconds", "request_timeout_seconds", "request_timeout_seconds"),
     ("vendorData", "vendor_data", "vendor_data"),
     ("installGuestAgent", "install_guest_agent", "install_guest_agent"),
+    ("driftPolicy", "drift_policy", "drift_policy"),
 )
 _BLANK_WHEN_UNSET = frozenset({"ca_file", "storage", "bridge", "pool", "vendor_data"})
 

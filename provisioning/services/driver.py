@@ -55,7 +55,7 @@ from . import circuit, claims, dispatch, durations, leases, policy, slots, traci
 from .clock import db_now
 from .journal import journal_step
 from .providers import provider_for
-from .runners import POWER_KINDS, Outcome, address_budget, run_step
+from .runners import IN_PLACE_KINDS, Outcome, address_budget, run_step
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -389,7 +389,7 @@ def _on_error(
 ) -> bool:
     """Fill ``updates`` for a failed step: end the operation (returns True), or count the
     attempt (returns False; the caller then waits out the backoff)."""
-    power = op.kind in POWER_KINDS
+    power = op.kind in IN_PLACE_KINDS
 
     def end(message: str) -> None:
         updates.update(

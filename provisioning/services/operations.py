@@ -398,7 +398,7 @@ def proxy_power(
         locked = Proxy.objects.select_for_update().get(pk=proxy.pk)
         if locked.desired_state == DesiredState.DELETED:
             raise ValidationError(f"{locked.name} is being deleted")
-        building = _active(locked).exclude(kind__in=_POWER_KINDS).first()
+        building = _active(locked).exclude(kind__in=_YIELDING).first()
         if building is not None:
             raise ValidationError(
                 f"{locked.name} is being {_BUILDING[building.kind]}; ask again once it is "
@@ -411,7 +411,7 @@ def proxy_power(
         elif action == "start":
             locked.desired_power = DesiredPower.ON
         locked.save(update_fields=["desired_power", "updated_at"])
-        _supersede(locked, action, kinds=_POWER_KINDS)
+        _supersede(locked, action, kinds=_YIELDING)
         return _start(locked, kinds[action], user, via, idempotency_key, inputs)
 
 
@@ -519,6 +519,9 @@ def _active(proxy: Proxy):  # type: ignore[no-untyped-def]
 _NAME_MAX = 57  # Operation.proxy_name's max_length, as long as the longest proxy name
 
 _POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
+# Kinds that leave the proxy's VM in place, and that an operator's power request supersedes:
+# reconcile's drift repair yields to any request of the operator.
+_YIELDING = (*_POWER_KINDS, OperationKind.REPAIR)
 _BUILDING = {
     OperationKind.CREATE: "created",
     OperationKind.REPLACE: "replaced",
@@ -535,6 +538,7 @@ def _supersede(
         OperationKind.START,
         OperationKind.SHUTDOWN,
         OperationKind.REBOOT,
+        OperationKind.REPAIR,
     ),
 ) -> None:
     """End unfinished older operations of the given kinds: the newer intent wins. A step such an

@@ -45,6 +45,8 @@ MAX_AGE_SECONDS = {
     OperationKind.START: 1800,
     OperationKind.SHUTDOWN: 1800,
     OperationKind.REBOOT: 1800,
+    # A repair may reboot and then follows the boot to its address, as a start does.
+    OperationKind.REPAIR: 1800,
 }
 _AGE_SETTING = {
     OperationKind.CREATE: "PROXYHUB_MAX_AGE_CREATE_SECONDS",
@@ -53,6 +55,7 @@ _AGE_SETTING = {
     OperationKind.START: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.SHUTDOWN: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.REBOOT: "PROXYHUB_MAX_AGE_POWER_SECONDS",
+    OperationKind.REPAIR: "PROXYHUB_MAX_AGE_REPAIR_SECONDS",
 }
 
 

@@ -10,7 +10,11 @@ What a round does per idle proxy (no operation running):
 * no VM yet, or its VM vanished: a create (the create adopts a VM of ours if one exists);
 * a VM that can never report an address (its agent config was removed): a replace;
 * power: a stopped VM that should run is started; a running one that should not is shut
-  down. A deliberately stopped proxy (``desired_power`` off) stays stopped.
+  down. A deliberately stopped proxy (``desired_power`` off) stays stopped;
+* drift (issue 14): cores, memory or net0 that differ from what the VM was built with are
+  recorded on the proxy; under the cluster's ``repair`` drift policy a ``repair`` operation
+  sets them back (``proxmox/repair.py``). When the config is read for drift is
+  ``services/drift.py``'s rule, which keeps a converged round at one listing.
 Proxies latched ``Failed`` are left for an operator, and so is a power action or replace whose
 latest try failed: the proxy shows why, and the next try is the operator's (every retry has a
 ceiling; reconcile's is one).
@@ -41,16 +45,18 @@ from provisioning.models.choices import (
     ACTIVE_STATES,
     DesiredPower,
     DesiredState,
+    DriftPolicy,
     ErrorClass,
     OperationKind,
     OperationState,
     Phase,
 )
+from provisioning.proxmox.drift import Spec, read_sizing
 from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
 from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.observe import Instance
 
-from . import circuit, operations
+from . import circuit, drift, operations
 from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
@@ -131,6 +137,7 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         raise error from err
     circuit.circuit_record_success(cluster_id=cluster.pk, breaker=breaker, now=db_now())
     by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}
+    due = drift.rotation_due((p for p in proxies if p.pk not in busy), now)
     for proxy in proxies:
         if stop_at is not None and time.monotonic() > stop_at:
             counts["past_deadline"] += 1
@@ -138,7 +145,7 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         if proxy.pk in busy:
             counts["busy"] += 1
             continue
-        decision = _decide(proxy, provider, listing, by_vmid, now)
+        decision = _decide(proxy, provider, listing, by_vmid, now, drift_due=proxy.pk in due)
         counts[_apply(proxy, decision)] += 1
     return counts
 
@@ -152,6 +159,8 @@ def _decide(
     listing: list[dict[str, Any]],
     by_vmid: Mapping[int, Mapping[str, Any]],
     now: datetime,
+    *,
+    drift_due: bool = False,
 ) -> Decision:
     if proxy.desired_state == DesiredState.DELETED:
         return Decision("delete", kind=OperationKind.DELETE, reason="the proxy is to be deleted")
@@ -160,8 +169,11 @@ def _decide(
     entry = by_vmid.get(proxy.vmid or -1)
     if entry is None or (entry.get("name") and entry.get("name") != proxy.vm_name):
         return _recreate("its VM is gone")
+    spec = drift.proxy_spec(proxy, provider.config)
     if not _needs_read(proxy, entry, now):
-        return Decision("converged")
+        if spec is None or not (drift_due or drift.listing_suggests_drift(proxy, entry, spec)):
+            return Decision("converged")
+        return _drift_check(proxy, provider, entry, spec, now)
     try:
         instance = provider.get(
             proxy.provider_id, listing=listing, identity=recorded_identity(proxy)
@@ -169,21 +181,15 @@ def _decide(
     except NotFoundError:
         return _recreate("its VM is gone")
     except IdentityMismatch as err:
-        # Seed 001: our name and mark on another VM (restored, or re-created at the VMID). It
-        # is neither ours nor gone: shown on the proxy, latched Failed so no round acts on it,
-        # and never recreated over, started, stopped or destroyed.
-        observed = {
-            "phase": Phase.FAILED,
-            "last_error": str(err),
-            "last_error_class": ErrorClass.IDENTITY,
-        }
-        return Decision("identity_mismatch", observed)
+        return _identity_mismatch(err)
     except ClassifiedError as err:
         return Decision(
             "unreadable",
             observed={"last_error": str(err), "last_error_class": ErrorClass.TRANSIENT},
         )
     observed = _observed(instance)
+    if spec is not None and instance.sizing is not None:
+        observed.update(drift.drift_observed(proxy, spec, instance.sizing, entry, now))
     if proxy.desired_power == DesiredPower.ON and instance.state == "Stopped":
         if instance.lock == "suspended":
             # Never clears by itself; an operator resumes or destroys it.
@@ -204,7 +210,58 @@ def _decide(
         return Decision(
             "shutdown", observed, OperationKind.SHUTDOWN, "it should be off and is running"
         )
-    return Decision("observed", observed)
+    settled = observed["phase"] in (Phase.RUNNING, Phase.STOPPED)
+    return _with_drift(provider, Decision("observed", observed), settled=settled)
+
+
+def _identity_mismatch(err: IdentityMismatch) -> Decision:
+    """Seed 001: our name and mark on another VM (restored, or re-created at the VMID). It is
+    neither ours nor gone: shown on the proxy, latched Failed so no round acts on it, and never
+    recreated over, started, stopped, repaired or destroyed."""
+    observed = {
+        "phase": Phase.FAILED,
+        "last_error": str(err),
+        "last_error_class": ErrorClass.IDENTITY,
+    }
+    return Decision("identity_mismatch", observed)
+
+
+def _drift_check(
+    proxy: Proxy, provider: Any, entry: Mapping[str, Any], spec: Spec, now: datetime
+) -> Decision:
+    """One config read of a converged proxy, for its drift alone (``services/drift.py``)."""
+    try:
+        sizing = read_sizing(
+            provider.api,
+            proxy.provider_id,
+            node=str(entry.get("node", "")),
+            identity=recorded_identity(proxy),
+        )
+    except IdentityMismatch as err:
+        return _identity_mismatch(err)
+    except ClassifiedError:
+        # Locked, moving, or gone since the listing: the next round's listing tells; the drift
+        # check is not due any less for it.
+        return Decision("converged")
+    observed = drift.drift_observed(proxy, spec, sizing, entry, now)
+    return _with_drift(provider, Decision("drift_checked", observed), settled=True)
+
+
+def _with_drift(provider: Any, decision: Decision, *, settled: bool) -> Decision:
+    """``decision`` (which starts nothing) turned into a repair when the observation found drift,
+    the VM is settled (running with its address, or stopped) and the cluster's policy says
+    ``repair``; otherwise it only records the drift."""
+    found = decision.observed.get("drift")
+    if not found:
+        return decision
+    if not settled or provider.config.drift_policy != DriftPolicy.REPAIR:
+        return Decision("drift", decision.observed)
+    return Decision(
+        "repair",
+        decision.observed,
+        OperationKind.REPAIR,
+        "its VM differs from its spec: " + drift.drift_summary(found),
+    )
 
 
 def _recreate(why: str) -> Decision:

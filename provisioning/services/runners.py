@@ -32,6 +32,7 @@ from provisioning.proxmox.steps import TIMING, StepResult
 from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait
 from provisioning.sealing import SealError
 
+from .drift import built_spec, proxy_spec
 from .durations import durations_expected
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
@@ -49,6 +50,9 @@ ADDRESS_POLL = 3.0
 log = logging.getLogger("proxyhub.operations")
 
 POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
+# Kinds that act on the VM in place: one that cannot go on leaves the proxy as it was (never
+# latched Failed), since the VM is still there and still serves.
+IN_PLACE_KINDS = (*POWER_KINDS, OperationKind.REPAIR)
 
 
 def _setting(name: str, default: float) -> float:
@@ -125,6 +129,14 @@ def _run_create(
             spec_hash=proxy.compute_spec_hash(),
             last_error="",
             last_error_class="",
+            # Issue 14: what the VM was built with is what drift is measured against; the
+            # configure step just wrote it, so it counts as compared now.
+            vm_spec=built_spec(
+                provider.config, proxy.machine_type, str(result.progress.get("mac") or "")
+            ),
+            drift=[],
+            drift_checked_at=now,
+            drift_listing="",
         )
         _enter_address(progress, now)
         # Not finished: the address stage follows, so "done" becomes "continue" here.
@@ -410,6 +422,40 @@ def _run_power(
     return Outcome(result, progress, {"phase": Phase.PROVISIONING})
 
 
+def _run_repair(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    """Set the VM's drifted cores, memory and net0 back to its spec (``proxmox/repair.py``);
+    after a reboot, or on a running VM, follow it to its address as a start does."""
+    from provisioning.proxmox.repair import RepairRequest
+
+    if progress.get("stage") == "address":
+        return _address(op, provider, progress, now)
+    proxy = _proxy(op)
+    spec = proxy_spec(proxy, provider.config)
+    if spec is None:
+        raise PermanentError(
+            f"the machine type {proxy.machine_type!r} of {proxy.name} is not in the catalogue "
+            "and no spec was recorded for its VM, so there is nothing to repair it to",
+            remediation="put the machine type back into the catalogue, or replace the proxy",
+            op=str(op.kind),
+        )
+    req = RepairRequest.from_provider_id(
+        proxy.provider_id, spec, str(proxy.uid), recorded_identity(proxy)
+    )
+    result = provider.repair_step(req, progress.get("repair") or provider.new_repair_progress())
+    progress["repair"] = result.progress
+    if result.status != "done":
+        return Outcome(result, progress, {})
+    observed: dict[str, Any] = {"drift": [], "drift_checked_at": now, "drift_listing": ""}
+    if not result.details.get("rebooted"):
+        return Outcome(result, progress, observed, finished=True)
+    # Rebooted: the guest comes back and reports its address again.
+    _enter_address(progress, now)
+    result = StepResult("continue", result.progress, result.step, message=result.message)
+    return Outcome(result, progress, {**observed, "phase": Phase.PROVISIONING})
+
+
 Runner = Callable[[Operation, Provider, dict[str, Any], datetime], Outcome]
 
 _RUNNERS: dict[OperationKind, Runner] = {
@@ -419,6 +465,7 @@ _RUNNERS: dict[OperationKind, Runner] = {
     OperationKind.START: _run_power,
     OperationKind.SHUTDOWN: _run_power,
     OperationKind.REBOOT: _run_power,
+    OperationKind.REPAIR: _run_repair,
 }
 
 

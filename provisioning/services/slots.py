@@ -50,7 +50,7 @@ WAIT_FALLBACK = timedelta(seconds=60)
 WAIT_NOTE = "waiting for a task slot on "
 
 # Stages of each step machine that submit a task, and those that poll one already submitted.
-_SUBMIT = {"clone", "upload", "resize", "start", "stop", "destroy", "submit", "remove"}
+_SUBMIT = {"clone", "upload", "resize", "start", "stop", "destroy", "submit", "remove", "reboot"}
 _POLL = {
     "clone_wait",
     "upload_wait",
@@ -59,6 +59,7 @@ _POLL = {
     "stop_wait",
     "destroy_wait",
     "remove_wait",
+    "reboot_wait",
 }
 _POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
 
@@ -97,6 +98,8 @@ def _record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
         return progress.get("delete")
     if op_kind in _POWER_KINDS:
         return progress.get("power")
+    if op_kind == OperationKind.REPAIR:
+        return progress.get("repair")
     return progress.get("create")
 
 

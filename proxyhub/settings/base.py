@@ -366,6 +366,11 @@ PROXYHUB_MAX_AGE_CREATE_SECONDS = env.int("PROXYHUB_MAX_AGE_CREATE_SECONDS", def
 PROXYHUB_MAX_AGE_REPLACE_SECONDS = env.int("PROXYHUB_MAX_AGE_REPLACE_SECONDS", default=5400)
 PROXYHUB_MAX_AGE_DELETE_SECONDS = env.int("PROXYHUB_MAX_AGE_DELETE_SECONDS", default=3600)
 PROXYHUB_MAX_AGE_POWER_SECONDS = env.int("PROXYHUB_MAX_AGE_POWER_SECONDS", default=1800)
+PROXYHUB_MAX_AGE_REPAIR_SECONDS = env.int("PROXYHUB_MAX_AGE_REPAIR_SECONDS", default=1800)
+# Drift (issue 14): a converged proxy VM's config is compared with its spec again after this
+# many seconds, at most this share of a cluster's proxies per reconcile round (services/drift.py).
+PROXYHUB_DRIFT_RECHECK_SECONDS = env.int("PROXYHUB_DRIFT_RECHECK_SECONDS", default=3600)
+PROXYHUB_DRIFT_ROTATION_SHARE = env.float("PROXYHUB_DRIFT_ROTATION_SHARE", default=0.05)
 # The per-cluster circuit breaker: opens after this many connection failures in a row (at once
 # after one that held a worker 2 s or more), defers the cluster's steps for the open interval
 # (doubling after a failed probe, up to the maximum).

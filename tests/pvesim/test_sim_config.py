@@ -176,3 +176,34 @@ def test_post_config_checks_the_lock_synchronously(engine: Simulator, raw: Any) 
     engine.control.set_lock(101, "backup")
     answer = raw("POST", "/api2/json/nodes/pve2/qemu/101/config", form={"cores": "2"})
     assert (answer.status, answer.reason) == (500, "VM is locked (backup)")
+
+
+# --- what a drift repair relies on (issue 14) --------------------------------------------------
+
+
+def test_a_running_vm_takes_a_bridge_and_tag_change_at_once(api: Api) -> None:
+    """§7.13 step 3: bridge and tag of ``netN`` are always hot-plugged; the listing's figures
+    (§7.9) come from the current config, so a pending ``cores`` leaves ``maxcpu`` as it was."""
+    net0 = api.vm_config("pve1", 100)["net0"]
+    api.set_vm_config("pve1", 100, {"net0": net0.replace("bridge=vmbr0", "bridge=vmbr0,tag=7")})
+    assert "tag=7" in api.vm_config("pve1", 100, current=True)["net0"]
+    api.set_vm_config("pve1", 100, {"cores": 4})
+    (entry,) = [e for e in api.cluster_resources() if e["vmid"] == 100]
+    assert entry["maxcpu"] == 2
+
+
+def test_a_mac_change_without_network_hotplug_stays_pending(api: Api) -> None:
+    """A model or MAC change needs ``network`` in ``hotplug`` (§7.13 step 3)."""
+    api.set_vm_config("pve2", 101, {"hotplug": "disk"})  # stopped: applied at once
+    api.start("pve2", 101)
+    api.set_vm_config("pve2", 101, {"net0": "virtio=BC:24:11:00:00:01,bridge=vmbr0"})
+    pending = {item["key"]: item for item in api.vm_pending("pve2", 101)}
+    assert pending["net0"]["pending"] == "virtio=BC:24:11:00:00:01,bridge=vmbr0"
+
+
+def test_revert_drops_a_pending_change_and_keeps_the_current_value(api: Api) -> None:
+    api.set_vm_config("pve1", 100, {"cores": 4})
+    digest = api.vm_config("pve1", 100)["digest"]
+    api.set_vm_config("pve1", 100, {}, revert=["cores"], digest=digest)
+    assert not [i for i in api.vm_pending("pve1", 100) if "pending" in i]
+    assert api.vm_config("pve1", 100)["cores"] == "2"

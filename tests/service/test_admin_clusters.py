@@ -58,6 +58,7 @@ def _cluster_form(
         "request_timeout_seconds": "30",
         "vendor_data": "",
         "install_guest_agent": "on",
+        "drift_policy": "report",
     }
     data.update(fields)
     data.update(_inline("nodes", [{"name": n, "position": i} for i, n in enumerate(nodes)]))
@@ -194,6 +195,22 @@ def test_editing_a_child_row_moves_the_clusters_updated_at(sim: Sim, people: Peo
     after = Cluster.objects.get(pk=cluster.pk)
     assert after.templates.get(key="debian-13").vmid == 9050
     assert after.updated_at > before
+
+
+def test_the_drift_policy_is_edited_on_the_cluster_page(sim: Sim, people: People) -> None:
+    """Issue 14: ``report`` or ``repair``; anything else is refused on the field."""
+    cluster, client = sim.cluster, people.client("superuser")
+    refused = client.post(
+        f"{CLUSTERS}{cluster.pk}/change/", _as_saved(cluster) | {"drift_policy": "fix"}
+    )
+    assert refused.status_code == 200 and "fix is not one of the available choices" in (
+        refused.content.decode()
+    )
+    done = client.post(
+        f"{CLUSTERS}{cluster.pk}/change/", _as_saved(cluster) | {"drift_policy": "repair"}
+    )
+    assert done.status_code == 302, done.content.decode()[:3000]
+    assert Cluster.objects.get(pk=cluster.pk).drift_policy == "repair"
 
 
 def test_check_now_sends_one_health_round_and_records_who_asked(

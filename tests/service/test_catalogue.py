@@ -545,3 +545,24 @@ def test_request_timeout_has_one_meaning_from_the_catalogue_to_the_transport(
     assert isinstance(transport, HttpTransport)
     assert transport.request_timeout == bound
     transport.close()
+
+
+def test_the_drift_policy_imports_exports_and_is_refused_when_unknown(
+    tmp_path: Path, token_file: str
+) -> None:
+    """Issue 14: ``driftPolicy`` is ``report`` (the default) or ``repair``; anything else is
+    refused with its path and what is allowed, and nothing is written."""
+    _import_file(tmp_path, _doc(token_file))
+    assert Cluster.objects.get().drift_policy == "report"
+
+    report = _import_file(tmp_path, _doc(token_file, driftPolicy="repair"))
+    assert "driftPolicy" in report.clusters[0].summary()
+    assert Cluster.objects.get().drift_policy == "repair"
+    assert "driftPolicy: repair" in catalogue_export()
+
+    bad = _write(tmp_path, _doc(token_file, driftPolicy="fix"), name="bad.yaml")
+    with pytest.raises(CatalogueError) as caught:
+        catalogue_import(catalogue_load([bad]))
+    problems = {p.path: p.message for p in caught.value.problems}
+    assert problems[f"{bad}[0].driftPolicy"] == 'must be report or repair, got "fix"'
+    assert Cluster.objects.get().drift_policy == "repair"  # nothing written

@@ -39,6 +39,7 @@ LIST_KEYS = {
     "ip",
     "lastError",
     "createdAt",
+    "drift",  # issue 14: added beside DESIGN.md §7's keys (adding is allowed, never removing)
 }
 PLACEMENT = ["--cluster", "pvesim", "--machine-type", "small", "--image", "debian-13"]
 

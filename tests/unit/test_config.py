@@ -90,6 +90,7 @@ def test_to_mapping_round_trips() -> None:
         requestTimeoutSeconds=12.5,
         vendorData="#cloud-config\nntp: {enabled: true}\n",
         installGuestAgent=False,
+        driftPolicy="repair",
     )
     config = ProxmoxConfig.from_mapping(full, installation_id=INSTALLATION)
     exported = config.to_mapping()
@@ -209,6 +210,7 @@ def test_null_means_absent() -> None:
             'insecureSkipTLSVerify: must be true or false, got "yes"',
         ),
         ({"installGuestAgent": 1}, "installGuestAgent: must be true or false, got 1"),
+        ({"driftPolicy": "fix"}, 'driftPolicy: must be report or repair, got "fix"'),
         ({"name": "Proxmox Home"}, "name: must be a cluster name"),
         # Unknown keys, at every level.
         ({"vlanTags": 4}, "vlanTags: is not a known key; allowed: name, url, tokenFile"),
@@ -254,7 +256,8 @@ def test_every_problem_is_collected_in_document_order_with_the_prefix() -> None:
         "clusters[2].machineTypes.small.cores: must be an integer of at least 1, got 0",
         "clusters[2].extra: is not a known key; allowed: name, url, tokenFile, caFile, "
         "insecureSkipTLSVerify, nodes, isoStorage, storage, bridge, vlanTag, pool, vmidRange, "
-        "templates, machineTypes, requestTimeoutSeconds, vendorData, installGuestAgent",
+        "templates, machineTypes, requestTimeoutSeconds, vendorData, installGuestAgent, "
+        "driftPolicy",
     ]
     with pytest.raises(ConfigError) as caught:
         ProxmoxConfig.from_mapping(doc, installation_id=INSTALLATION, prefix="clusters[2].")

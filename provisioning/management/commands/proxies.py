@@ -101,8 +101,10 @@ class Command(BaseCommand):
             "list",
             help="list proxies",
             description="List every proxy. --json prints an array of objects with the keys "
-            "name, uid, cluster, phase, providerId, vmid, node, ip, lastError and createdAt "
-            "(when Proxmox created the VM, RFC 3339); what is not known yet is null.",
+            "name, uid, cluster, phase, providerId, vmid, node, ip, lastError, createdAt "
+            "(when Proxmox created the VM, RFC 3339) and drift (what differs from the VM's "
+            "spec: a list of field, want, have; empty when in step); what is not known yet "
+            "is null.",
         )
         listing.add_argument("--json", action="store_true", help="print JSON")
 
@@ -372,7 +374,8 @@ def _where(rows: Mapping[str, tuple[str, str]], name: str) -> str:
 def _as_json(proxy: Proxy) -> dict[str, Any]:
     """One proxy in ``list --json``'s contract (DESIGN.md §7): exactly these keys; what is not
     known yet is null. ``createdAt`` is when Proxmox created the VM (from its mark, seed 000
-    entry 8), as DESIGN.md §4 lists it among the observed fields."""
+    entry 8), as DESIGN.md §4 lists it among the observed fields. ``drift`` (issue 14, added
+    beside the contract's keys) lists what differs from the VM's spec."""
     return {
         "name": proxy.name,
         "uid": str(proxy.uid),
@@ -384,6 +387,10 @@ def _as_json(proxy: Proxy) -> dict[str, Any]:
         "ip": proxy.ip or None,
         "lastError": proxy.last_error or None,
         "createdAt": _rfc3339(proxy.vm_created_at),
+        "drift": [
+            {"field": d.get("field"), "want": d.get("want"), "have": d.get("have")}
+            for d in proxy.drift or []
+        ],
     }
 
 
