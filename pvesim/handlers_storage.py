@@ -1,11 +1,14 @@
-"""Storage endpoints: list, status, content, volume delete, upload (pve-reference §7.4-7.7)."""
+"""Storage endpoints: list, status, content, volume delete, upload, download-url (pve-reference
+§7.4-7.8)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from typing import Any
+from urllib.parse import quote
 
+from .fetch import FetchFailed, digest, fetch
 from .router import Ctx, Reply, handler
 from .state import SimError, Storage, TaskError, Volume
 
@@ -148,9 +151,7 @@ def upload(ctx: Ctx) -> str:
     if ctx.upload is None or not ctx.params.get("tmpfilename"):
         raise SimError(500, "missing temporary file name")
     content = ctx.params["content"]
-    filename = _UNSAFE_FILENAME.sub("_", re.sub(r"^.*[/\\]", "", ctx.params["filename"]))
-    if not _EXTENSIONS[content].fullmatch(filename):
-        raise SimError.params({"filename": "wrong file extension"})
+    filename = _filename(ctx, content)
     if content not in storage.content:
         raise SimError(500, f"storage '{storage.id}' does not support '{content}' content")
     data = ctx.upload[1]
@@ -189,3 +190,64 @@ def upload(ctx: Ctx) -> str:
         return finish
 
     return ctx.submit("imgcopy", "", run).upid
+
+
+def _filename(ctx: Ctx, content: str) -> str:
+    """``normalize_content_filename`` and the extension rule of the content type (§7.7)."""
+    filename = _UNSAFE_FILENAME.sub("_", re.sub(r"^.*[/\\]", "", ctx.params["filename"]))
+    if not _EXTENSIONS[content].fullmatch(filename):
+        raise SimError.params({"filename": "wrong file extension"})
+    return filename
+
+
+@handler("POST /nodes/{node}/storage/{storage}/download-url")
+def download_url(ctx: Ctx) -> str:
+    """The node fetches ``url`` itself in a ``download`` task whose id is the escaped file name
+    (§7.8, §4.5). Synchronous: the storage exists on the node, is file based and is configured
+    for the content type (§3.7 ``storage '<s>' is not configured for content-type '<content>'``),
+    the file name fits the content type (400 ``wrong file extension``). In the task: the fetch
+    (really, from loopback: ``fetch``), then the checksum as ``download_file_from_url`` checks it,
+    failing with §3.7's ``checksum mismatch: got '<actual>' != expect '<expected>'``; then the
+    file lands in the content type's directory, replacing one of the same name."""
+    storage = _storage(ctx)
+    if storage.path is None:
+        raise SimError(500, f"can't upload to storage type '{storage.type}'")
+    content = ctx.params["content"]
+    if content not in storage.content:
+        raise SimError(
+            500, f"storage '{storage.id}' is not configured for content-type '{content}'"
+        )
+    filename = _filename(ctx, content)
+    url = ctx.params["url"]
+    checksum = ctx.text("checksum")
+    algorithm = ctx.text("checksum-algorithm")
+    target = f"{storage.path}/{_SUBDIR[content]}/{filename}"
+    ctime = ctx.cluster.wall(ctx.now)
+
+    def run(task: Any, at: float) -> Any:
+        task.write(f"downloading {url} to {target}")
+        try:
+            data = fetch(url)
+        except FetchFailed as err:
+            raise TaskError(str(err)) from None
+        task.write(f"download of '{url}' to '{target}' finished")
+        if checksum and algorithm:
+            calculated = digest(algorithm, data)
+            if calculated != checksum.lower():
+                raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
+            task.write("calculating checksum...OK, checksum verified")
+
+        def finish(end: float) -> None:
+            volname = f"{content}/{filename}"  # ``local:import/x.qcow2``, ``local:iso/x.img``
+            storage.volumes[volname] = Volume(
+                volname=volname,
+                content=content,
+                format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
+                size=len(data),
+                ctime=ctime,
+                data=data,
+            )
+
+        return finish
+
+    return ctx.submit("download", quote(filename, safe=""), run).upid
