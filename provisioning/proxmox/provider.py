@@ -49,6 +49,8 @@ from .power_checks import PowerPreview, PowerRequest, inspect_power
 from .release import ReleaseMachine, ReleaseRequest
 from .release import new_progress as new_release_progress
 from .steps import Progress, StepResult
+from .template_build import TemplateBuildMachine, TemplateBuildRequest
+from .template_build import new_progress as new_build_progress
 from .waits import Durations, NoDurations
 
 
@@ -75,6 +77,7 @@ class Provider:
         self._delete = DeleteMachine(api, config, self.budgets, clock=clock, durations=known)
         self._power = PowerMachine(api, config, self.budgets, clock=clock, durations=known)
         self._release = ReleaseMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._build = TemplateBuildMachine(api, config, self.budgets, clock=clock, durations=known)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------
@@ -133,6 +136,18 @@ class Provider:
     ) -> StepResult:
         """Eject the seed from a booted VM of ours and remove it from storage (``release``)."""
         return self._release.step(req, progress, deadline=deadline)
+
+    # --- template builds (issue 14) ---------------------------------------------------
+
+    @staticmethod
+    def new_template_build_progress() -> Progress:
+        return new_build_progress()
+
+    def template_build_step(
+        self, req: TemplateBuildRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        """One stage of a template build (``template_build``)."""
+        return self._build.step(req, progress, deadline=deadline)
 
     # --- power (seed 001) --------------------------------------------------------------
 
