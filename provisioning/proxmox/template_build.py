@@ -310,6 +310,10 @@ class TemplateBuildMachine(StepMachine[TemplateBuildRequest]):
             "memory": str(TEMPLATE_MEMORY_MIB),
             "cores": "1",
         }
+        if self.config.pool:
+            # VM.Allocate on the pool stands in for it on /vms/<vmid> (the create's
+            # permission), and the pool's ACL then covers the resize and the conversion.
+            config["pool"] = self.config.pool
         if req.disk_device.startswith("scsi"):
             config["scsihw"] = "virtio-scsi-pci"
         if req.bridge:
