@@ -170,6 +170,15 @@ STAGES: dict[str, tuple[str, ...]] = {
     OperationKind.START: _POWER,
     OperationKind.SHUTDOWN: _POWER,
     OperationKind.REBOOT: _POWER,
+    # template_build.py (issue 14)
+    OperationKind.TEMPLATE_BUILD: (
+        "lookup",
+        "download",
+        "create",
+        "resize",
+        "convert",
+        "verify",
+    ),
 }
 
 # The phases an operator compares between runs (issue 5): queue is created → started; the

@@ -42,6 +42,8 @@ class OperationKind(models.TextChoices):
     START = "start"
     SHUTDOWN = "shutdown"
     REBOOT = "reboot"
+    # Issue 14: build a template from a cloud image; no proxy, the catalogue gets the result.
+    TEMPLATE_BUILD = "template_build"
 
 
 class OperationState(models.TextChoices):

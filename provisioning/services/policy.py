@@ -45,6 +45,8 @@ MAX_AGE_SECONDS = {
     OperationKind.START: 1800,
     OperationKind.SHUTDOWN: 1800,
     OperationKind.REBOOT: 1800,
+    # Download (budgeted like a clone, 600 s), create with import, resize, conversion.
+    OperationKind.TEMPLATE_BUILD: 3600,
 }
 _AGE_SETTING = {
     OperationKind.CREATE: "PROXYHUB_MAX_AGE_CREATE_SECONDS",
@@ -53,6 +55,7 @@ _AGE_SETTING = {
     OperationKind.START: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.SHUTDOWN: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.REBOOT: "PROXYHUB_MAX_AGE_POWER_SECONDS",
+    OperationKind.TEMPLATE_BUILD: "PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS",
 }
 
 
