@@ -347,7 +347,15 @@ class MachineTypeForm(forms.ModelForm):
 class TemplateForm(forms.ModelForm):
     class Meta:
         model = Template
-        fields = ["key", "vmid"]
+        fields = [
+            "key",
+            "vmid",
+            "template_version",
+            "disk_device",
+            "source_disk_gib",
+            "guest_user",
+            "copies",
+        ]
         labels = {"key": "Image key", "vmid": "Template VMID"}
 
 
