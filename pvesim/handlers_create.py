@@ -105,6 +105,13 @@ def vm_create(ctx: Ctx) -> str:
             cluster.remove_guest(vmid)
 
     def run(task: Task, at: float) -> Any:
+        try:
+            return build(task)
+        except TaskError:
+            cleanup(at)  # a failed create leaves neither the VM nor its disks
+            raise
+
+    def build(task: Task) -> Any:
         config: dict[str, Any] = {}
         for key, value in keys.items():
             if key in imports:
