@@ -217,7 +217,7 @@ def _built_nodes(op: Operation, key: str, group: dict[str, int]) -> list[str]:
     """The group's nodes whose build succeeded, this one included (it ends in this commit)."""
     done = {str(op.progress["build"]["node"])}
     for other in Operation.objects.filter(
-        cluster_id=op.cluster_id,
+        cluster=op.cluster_id,
         kind=OperationKind.TEMPLATE_BUILD,
         state=OperationState.SUCCEEDED,
         progress__build__key=key,
