@@ -80,7 +80,10 @@ def vm_create(ctx: Ctx) -> str:
     keys = {k: v for k, v in ctx.params.items() if k not in _NOT_KEYS}
     for key, value in keys.items():
         if not option_exists(key):
-            raise SimError.params({key: "property is not defined in schema"})
+            raise SimError.params(
+                {key: "property is not defined in schema and the schema does not allow "
+                 "additional properties"}
+            )  # fmt: skip
         check_key_permission(ctx.perms, vmid, key, value)
     # Disks are checked before anything is written: storage on this node, with images.
     imports: dict[str, tuple[Drive, Storage]] = {}
