@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 from urllib.parse import quote
@@ -167,29 +166,41 @@ def upload(ctx: Ctx) -> str:
         task.write(f"target node: {node_name}")
         task.write(f"target file: {target}")
         task.write(f"file size is: {len(data)}")
-        if checksum and algorithm:
-            calculated = hashlib.new(algorithm, data).hexdigest()
-            if calculated.lower() != checksum.lower():
-                raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
-            task.write("calculating checksum...OK, checksum verified")
+        _verify(task, data, algorithm, checksum)
         task.write(f"command: cp -- {tmp} {target}")
 
         def finish(end: float) -> None:
             # An upload overwrites a file of the same name (seed 000 entry 5, F12).
-            volname = f"{content}/{filename}"
-            storage.volumes[volname] = Volume(
-                volname=volname,
-                content=content,
-                format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
-                size=len(data),
-                ctime=ctime,
-                data=data,
-            )
+            _store(storage, content, filename, data, ctime)
             task.write("finished file import successfully")
 
         return finish
 
     return ctx.submit("imgcopy", "", run).upid
+
+
+def _verify(task: Any, data: bytes, algorithm: str | None, checksum: str | None) -> None:
+    """The checksum check of the upload and download workers (§3.7's text), case-insensitive."""
+    if not (checksum and algorithm):
+        return
+    calculated = digest(algorithm, data)
+    if calculated != checksum.lower():
+        raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
+    task.write("calculating checksum...OK, checksum verified")
+
+
+def _store(storage: Storage, content: str, filename: str, data: bytes, ctime: int) -> None:
+    """The file in its content type's place (``local:iso/x.img``, ``local:import/x.qcow2``),
+    replacing one of the same name."""
+    volname = f"{content}/{filename}"
+    storage.volumes[volname] = Volume(
+        volname=volname,
+        content=content,
+        format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
+        size=len(data),
+        ctime=ctime,
+        data=data,
+    )
 
 
 def _filename(ctx: Ctx, content: str) -> str:
@@ -231,22 +242,10 @@ def download_url(ctx: Ctx) -> str:
         except FetchFailed as err:
             raise TaskError(str(err)) from None
         task.write(f"download of '{url}' to '{target}' finished")
-        if checksum and algorithm:
-            calculated = digest(algorithm, data)
-            if calculated != checksum.lower():
-                raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
-            task.write("calculating checksum...OK, checksum verified")
+        _verify(task, data, algorithm, checksum)
 
         def finish(end: float) -> None:
-            volname = f"{content}/{filename}"  # ``local:import/x.qcow2``, ``local:iso/x.img``
-            storage.volumes[volname] = Volume(
-                volname=volname,
-                content=content,
-                format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
-                size=len(data),
-                ctime=ctime,
-                data=data,
-            )
+            _store(storage, content, filename, data, ctime)
 
         return finish
 

@@ -37,6 +37,7 @@ from provisioning.services.credentials import ca_fingerprint_now, cluster_trust_
 from . import display, health, plans
 from .common import CHANGE_ENDPOINT, CHECK, PROVISION, GuardedActionsMixin
 from .forms import (
+    TEMPLATE_FIELDS,
     ClusterForm,
     MachineTypeForm,
     MachineTypeFormSet,
@@ -59,15 +60,7 @@ class TemplateInline(admin.TabularInline):
     model = Template
     form = TemplateForm
     formset = TemplateFormSet
-    fields = (
-        "key",
-        "vmid",
-        "template_version",
-        "disk_device",
-        "source_disk_gib",
-        "guest_user",
-        "copies",
-    )
+    fields = TEMPLATE_FIELDS
     extra = 0
     verbose_name_plural = "templates"
 

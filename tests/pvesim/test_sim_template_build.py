@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import Timed
 
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import ApiError
@@ -110,7 +109,7 @@ def _create(api: Api, vmid: int = 9100, **extra: Any) -> str:
     return api.create_vm("pve1", vmid, config)
 
 
-def test_create_imports_the_disk_under_a_create_lock(timed: Timed, served: ImageServer) -> None:
+def test_create_imports_the_disk_under_a_create_lock(timed: Any, served: ImageServer) -> None:
     assert timed.wait(_download(timed.api, served))["exitstatus"] == "OK"
     upid = _create(timed.api)
     assert upid.split(":")[5:7] == ["qmcreate", "9100"]
@@ -149,7 +148,7 @@ def test_an_import_from_a_missing_volume_fails_the_create_task(
 
 
 def test_template_conversion_is_a_task_and_refuses_a_locked_vm(
-    timed: Timed, served: ImageServer
+    timed: Any, served: ImageServer
 ) -> None:
     timed.wait(_download(timed.api, served))
     create = _create(timed.api)
