@@ -9,9 +9,11 @@ are what a create on that node clones.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -224,3 +226,26 @@ def test_a_build_killed_before_its_journal_commit_resumes_without_resubmitting(
 
 def _die() -> NoReturn:
     raise WorkerKilled()
+
+
+def test_builds_keep_to_the_nodes_task_slots(
+    pump: Pump, sim: Sim, served: ImageServer, settings: Any
+) -> None:
+    """Two builds on one node with one task slot: their tasks never overlap on the node."""
+    settings.PROXYHUB_NODE_TASK_LIMIT = 1
+    # Tasks long enough that two builds' downloads would overlap if nothing held them apart.
+    engine = sim.engine.sim
+    engine.profile = replace(engine.profile, upload=0.3, task=0.2)
+    _start(pump, sim, _spec(served, key="one"))
+    _start(pump, sim, _spec(served, key="two", vmid=VMID + 100))
+    pump.run()
+
+    assert set(Operation.objects.values_list("state", flat=True)) == {OperationState.SUCCEEDED}
+    tasks = sorted(
+        (t.started_at, t.ended_at)
+        for t in sim.engine.scheduler.tasks.values()
+        if t.node == "pve1" and t.started_at is not None
+    )
+    assert len(tasks) == 8
+    for (_, end), (start, _) in itertools.pairwise(tasks):
+        assert end is not None and end <= start
