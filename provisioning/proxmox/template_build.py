@@ -69,6 +69,8 @@ class TemplateBuildRequest:
     bridge: str = ""
     disk_device: str = "scsi0"
     disk_gib: int = 8
+    # A per-node copy (``--all-nodes``): not needed when the disk storage turns out shared.
+    copy: bool = False
 
     @property
     def vm_name(self) -> str:
@@ -117,6 +119,16 @@ class TemplateBuildMachine(StepMachine[TemplateBuildRequest]):
         except InputProblem as err:
             raise PermanentError(str(err), remediation="fix the build's inputs", op=OP) from None
         progress = dict(progress, storages=storages.__dict__, listed_at=self.clock())
+        if req.copy and storages.disk_shared:
+            # Requested without knowing the storage (the admin makes no Proxmox call): a
+            # template on shared storage serves every node, so this copy is not made.
+            return StepResult(
+                "done",
+                advance(progress, "done", shared=True),
+                "lookup",
+                message=f"{req.storage} is shared: the template serves {req.node}; no copy made",
+                details={"shared": True},
+            )
         listing = self.api.cluster_resources(deadline=deadline)
         entry = next((e for e in listing if int(e.get("vmid") or 0) == req.vmid), None)
         if entry is None:

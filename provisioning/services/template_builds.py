@@ -156,6 +156,7 @@ def build_request(build: dict[str, Any]) -> TemplateBuildRequest:
         bridge=build.get("bridge") or "",
         disk_device=build.get("disk_device") or "scsi0",
         disk_gib=int(build.get("disk_gib") or 8),
+        copy=not build.get("primary", True),
     )
 
 
@@ -185,8 +186,8 @@ def template_register(*, op: Operation, details: dict[str, Any]) -> None:
     other node's build is a copy. The entry keeps only copies of the same group, so a rebuild
     never leaves a copy of an older template behind."""
     build = dict(op.progress.get("build") or {})
-    if op.cluster_id is None or not build:
-        return
+    if op.cluster_id is None or not build or details.get("shared"):
+        return  # a copy found unneeded (shared storage) registers nothing
     group = {str(n): int(v) for n, v in (build.get("group") or {}).items()}
     primary = next(iter(group))
     row = Template.objects.select_for_update().filter(cluster_id=op.cluster_id, key=build["key"])
@@ -223,7 +224,8 @@ def _built_nodes(op: Operation, key: str, group: dict[str, int]) -> list[str]:
         progress__build__key=key,
     ).exclude(pk=op.pk):
         build = other.progress.get("build") or {}
-        if build.get("group") == op.progress["build"].get("group"):
+        shared = bool((other.progress.get("record") or {}).get("shared"))
+        if build.get("group") == op.progress["build"].get("group") and not shared:
             done.add(str(build.get("node")))
     return [n for n in group if n in done]
 

@@ -102,3 +102,20 @@ def test_a_viewer_may_not_build(sim: Sim, served: ImageServer, people: People) -
     refused = people.client("viewer").post(CLUSTERS, _form(sim, served))
     assert refused.status_code == 403
     assert not Operation.objects.exists()
+
+
+def test_all_nodes_from_the_console_on_shared_storage_makes_no_copies(
+    pump: Pump, sim: Sim, served: ImageServer, people: People
+) -> None:
+    """The console cannot see that the storage is shared (no Proxmox call in the request), so
+    it journals a build per node; the copies' first step finds the storage shared and ends
+    without making anything."""
+    form = _form(sim, served, storage="vmstore", all_nodes="on")
+    pump.call(people.client("operator").post, CLUSTERS, form)
+    assert Operation.objects.count() == 3
+    pump.run()
+    assert set(Operation.objects.values_list("state", flat=True)) == {OperationState.SUCCEEDED}
+    template = Template.objects.get(key="debian-13-built")
+    assert (template.vmid, template.copies) == (9100, {})
+    assert [e["vmid"] for e in sim.api.cluster_resources() if e["vmid"] in (9101, 9102)] == []
+    assert len(served.requests) == 1
