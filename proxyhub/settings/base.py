@@ -366,6 +366,10 @@ PROXYHUB_MAX_AGE_CREATE_SECONDS = env.int("PROXYHUB_MAX_AGE_CREATE_SECONDS", def
 PROXYHUB_MAX_AGE_REPLACE_SECONDS = env.int("PROXYHUB_MAX_AGE_REPLACE_SECONDS", default=5400)
 PROXYHUB_MAX_AGE_DELETE_SECONDS = env.int("PROXYHUB_MAX_AGE_DELETE_SECONDS", default=3600)
 PROXYHUB_MAX_AGE_POWER_SECONDS = env.int("PROXYHUB_MAX_AGE_POWER_SECONDS", default=1800)
+# A template build (issue 14): download, create with import, resize, conversion.
+PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS = env.int(
+    "PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS", default=3600
+)
 # The per-cluster circuit breaker: opens after this many connection failures in a row (at once
 # after one that held a worker 2 s or more), defers the cluster's steps for the open interval
 # (doubling after a failed probe, up to the maximum).
