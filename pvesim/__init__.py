@@ -10,9 +10,10 @@ never from one above, and no two modules import each other, even through others
 (``tests/pvesim/test_import_rules.py`` reads the list below and holds the code to it):
 
 1. state and rules: protocol, replies, clock, profiles, ledger, faults, schema, vmconfig,
-   access, state, permissions, defaults, seedreader, agent, resources, configupdate, power
+   access, state, permissions, defaults, seedreader, agent, resources, configupdate, power,
+   fetch
 2. engine: simtasks, router, handlers_access, handlers_agent, handlers_clone, handlers_cluster,
-   handlers_lxc, handlers_qemu, handlers_storage, handlers_tasks, engine
+   handlers_create, handlers_lxc, handlers_qemu, handlers_storage, handlers_tasks, engine
 3. front ends: control, simulator, inprocess, server, workdir, __main__
 
 Layer 1 is the simulated cluster and Proxmox's rules about it: the request and answer shapes,

@@ -41,6 +41,7 @@ from . import (
     handlers_agent,  # noqa: F401
     handlers_clone,  # noqa: F401
     handlers_cluster,  # noqa: F401
+    handlers_create,  # noqa: F401
     handlers_lxc,  # noqa: F401
     handlers_qemu,  # noqa: F401
     handlers_storage,  # noqa: F401

@@ -1,11 +1,13 @@
-"""Storage endpoints: list, status, content, volume delete, upload (pve-reference §7.4-7.7)."""
+"""Storage endpoints: list, status, content, volume delete, upload, download-url (pve-reference
+§7.4-7.8)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
+from urllib.parse import quote
 
+from .fetch import FetchFailed, digest, fetch
 from .router import Ctx, Reply, handler
 from .state import SimError, Storage, TaskError, Volume
 
@@ -148,9 +150,7 @@ def upload(ctx: Ctx) -> str:
     if ctx.upload is None or not ctx.params.get("tmpfilename"):
         raise SimError(500, "missing temporary file name")
     content = ctx.params["content"]
-    filename = _UNSAFE_FILENAME.sub("_", re.sub(r"^.*[/\\]", "", ctx.params["filename"]))
-    if not _EXTENSIONS[content].fullmatch(filename):
-        raise SimError.params({"filename": "wrong file extension"})
+    filename = _filename(ctx, content)
     if content not in storage.content:
         raise SimError(500, f"storage '{storage.id}' does not support '{content}' content")
     data = ctx.upload[1]
@@ -166,26 +166,87 @@ def upload(ctx: Ctx) -> str:
         task.write(f"target node: {node_name}")
         task.write(f"target file: {target}")
         task.write(f"file size is: {len(data)}")
-        if checksum and algorithm:
-            calculated = hashlib.new(algorithm, data).hexdigest()
-            if calculated.lower() != checksum.lower():
-                raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
-            task.write("calculating checksum...OK, checksum verified")
+        _verify(task, data, algorithm, checksum)
         task.write(f"command: cp -- {tmp} {target}")
 
         def finish(end: float) -> None:
             # An upload overwrites a file of the same name (seed 000 entry 5, F12).
-            volname = f"{content}/{filename}"
-            storage.volumes[volname] = Volume(
-                volname=volname,
-                content=content,
-                format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
-                size=len(data),
-                ctime=ctime,
-                data=data,
-            )
+            _store(storage, content, filename, data, ctime)
             task.write("finished file import successfully")
 
         return finish
 
     return ctx.submit("imgcopy", "", run).upid
+
+
+def _verify(task: Any, data: bytes, algorithm: str | None, checksum: str | None) -> None:
+    """The checksum check of the upload and download workers (§3.7's text), case-insensitive."""
+    if not (checksum and algorithm):
+        return
+    calculated = digest(algorithm, data)
+    if calculated != checksum.lower():
+        raise TaskError(f"checksum mismatch: got '{calculated}' != expect '{checksum}'")
+    task.write("calculating checksum...OK, checksum verified")
+
+
+def _store(storage: Storage, content: str, filename: str, data: bytes, ctime: int) -> None:
+    """The file in its content type's place (``local:iso/x.img``, ``local:import/x.qcow2``),
+    replacing one of the same name."""
+    volname = f"{content}/{filename}"
+    storage.volumes[volname] = Volume(
+        volname=volname,
+        content=content,
+        format="iso" if content == "iso" else filename.rsplit(".", 1)[-1],
+        size=len(data),
+        ctime=ctime,
+        data=data,
+    )
+
+
+def _filename(ctx: Ctx, content: str) -> str:
+    """``normalize_content_filename`` and the extension rule of the content type (§7.7)."""
+    filename = _UNSAFE_FILENAME.sub("_", re.sub(r"^.*[/\\]", "", ctx.params["filename"]))
+    if not _EXTENSIONS[content].fullmatch(filename):
+        raise SimError.params({"filename": "wrong file extension"})
+    return filename
+
+
+@handler("POST /nodes/{node}/storage/{storage}/download-url")
+def download_url(ctx: Ctx) -> str:
+    """The node fetches ``url`` itself in a ``download`` task whose id is the escaped file name
+    (§7.8, §4.5). Synchronous: the storage exists on the node, is file based and is configured
+    for the content type (§3.7 ``storage '<s>' is not configured for content-type '<content>'``),
+    the file name fits the content type (400 ``wrong file extension``). In the task: the fetch
+    (really, from loopback: ``fetch``), then the checksum as ``download_file_from_url`` checks it,
+    failing with §3.7's ``checksum mismatch: got '<actual>' != expect '<expected>'``; then the
+    file lands in the content type's directory, replacing one of the same name."""
+    storage = _storage(ctx)
+    if storage.path is None:
+        raise SimError(500, f"can't upload to storage type '{storage.type}'")
+    content = ctx.params["content"]
+    if content not in storage.content:
+        raise SimError(
+            500, f"storage '{storage.id}' is not configured for content-type '{content}'"
+        )
+    filename = _filename(ctx, content)
+    url = ctx.params["url"]
+    checksum = ctx.text("checksum")
+    algorithm = ctx.text("checksum-algorithm")
+    target = f"{storage.path}/{_SUBDIR[content]}/{filename}"
+    ctime = ctx.cluster.wall(ctx.now)
+
+    def run(task: Any, at: float) -> Any:
+        task.write(f"downloading {url} to {target}")
+        try:
+            data = fetch(url)
+        except FetchFailed as err:
+            raise TaskError(str(err)) from None
+        task.write(f"download of '{url}' to '{target}' finished")
+        _verify(task, data, algorithm, checksum)
+
+        def finish(end: float) -> None:
+            _store(storage, content, filename, data, ctime)
+
+        return finish
+
+    return ctx.submit("download", quote(filename, safe=""), run).upid

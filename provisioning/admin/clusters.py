@@ -35,8 +35,9 @@ from provisioning.models import CircuitBreaker, Cluster, MachineType, Node, Prox
 from provisioning.services.credentials import ca_fingerprint_now, cluster_trust_ca
 
 from . import display, health, plans
-from .common import CHANGE_ENDPOINT, CHECK, GuardedActionsMixin
+from .common import CHANGE_ENDPOINT, CHECK, PROVISION, GuardedActionsMixin
 from .forms import (
+    TEMPLATE_FIELDS,
     ClusterForm,
     MachineTypeForm,
     MachineTypeFormSet,
@@ -44,6 +45,7 @@ from .forms import (
     TemplateForm,
     TemplateFormSet,
 )
+from .template_build import template_build_page
 
 
 class NodeInline(admin.TabularInline):
@@ -58,7 +60,7 @@ class TemplateInline(admin.TabularInline):
     model = Template
     form = TemplateForm
     formset = TemplateFormSet
-    fields = ("key", "vmid")
+    fields = TEMPLATE_FIELDS
     extra = 0
     verbose_name_plural = "templates"
 
@@ -102,7 +104,7 @@ class ClusterAdmin(GuardedActionsMixin):
     search_fields = ("name",)
     search_help_text = "Cluster name (part of it)"
     inlines = (NodeInline, TemplateInline, MachineTypeInline)
-    actions = ("check_now", "preflight", "trust_ca")
+    actions = ("check_now", "preflight", "trust_ca", "build_template")
     fieldsets = (
         (None, {"fields": ("name", "url")}),
         (
@@ -164,6 +166,9 @@ class ClusterAdmin(GuardedActionsMixin):
 
     def has_check_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CHECK)
+
+    def has_provision_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(PROVISION)
 
     def has_change_endpoint_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CHANGE_ENDPOINT)
@@ -338,6 +343,13 @@ class ClusterAdmin(GuardedActionsMixin):
                 % {"count": trusted},
                 messages.SUCCESS,
             )
+
+    @admin.action(permissions=["provision"], description="Build a template from a cloud image")
+    def build_template(
+        self, request: HttpRequest, queryset: QuerySet[Cluster]
+    ) -> TemplateResponse | None:
+        """Issue 14: the same build as ``manage.py templates build``, through the journal."""
+        return template_build_page(self, request, queryset)
 
     @admin.action(permissions=["check"], description="Preflight (read-only checks in Proxmox)")
     def preflight(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> TemplateResponse:

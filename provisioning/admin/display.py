@@ -216,6 +216,15 @@ STAGES: dict[str, tuple[str, ...]] = {
         "verify",
         "address",
     ),
+    # template_build.py (issue 14)
+    OperationKind.TEMPLATE_BUILD: (
+        "lookup",
+        "download",
+        "create",
+        "resize",
+        "convert",
+        "verify",
+    ),
 }
 
 # The phases an operator compares between runs (issue 5): queue is created → started; the

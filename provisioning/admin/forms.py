@@ -351,10 +351,23 @@ class MachineTypeForm(forms.ModelForm):
         labels = {"memory_mib": "Memory (MiB)", "disk_gib": "Disk (GiB)"}
 
 
+# A template row's fields in the cluster page's inline: the key, the VMID, seed 003's
+# declaration and the per-node copies (issue 14).
+TEMPLATE_FIELDS = (
+    "key",
+    "vmid",
+    "template_version",
+    "disk_device",
+    "source_disk_gib",
+    "guest_user",
+    "copies",
+)
+
+
 class TemplateForm(forms.ModelForm):
     class Meta:
         model = Template
-        fields = ["key", "vmid"]
+        fields = TEMPLATE_FIELDS
         labels = {"key": "Image key", "vmid": "Template VMID"}
 
 

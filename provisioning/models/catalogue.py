@@ -195,7 +195,7 @@ class Cluster(models.Model):
         return self._config(
             installation_id=installation_id,
             nodes=tuple(self.nodes.order_by("position", "name").values_list("name", flat=True)),
-            templates={t.key: TemplateRef(t.vmid) for t in self.templates.order_by("key")},
+            templates={t.key: t.ref() for t in self.templates.order_by("key")},
             machine_types={
                 m.key: MachineTypeSpec(m.cores, m.memory_mib, m.disk_gib)
                 for m in self.machine_types.order_by("key")
@@ -270,11 +270,50 @@ class Node(models.Model):
 
 
 class Template(models.Model):
-    """A catalogue image key mapped to a template VMID (entry 4)."""
+    """A catalogue image key mapped to a template VMID (entry 4), with seed 003's template
+    declaration (blank for templates registered before issue 14) and, for a template built
+    once per node on local storage, its per-node copies (node → VMID; a create clones the copy
+    on its node)."""
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="templates")
     key = models.CharField(max_length=63, validators=[LABEL])
     vmid = models.PositiveIntegerField(validators=[MinValueValidator(100)])
+    template_version = models.CharField(
+        max_length=128,
+        blank=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9._+-]{1,128}$", "letters, digits, . _ + -")],
+        help_text="operator-recorded template revision label (seed 003)",
+    )
+    disk_device = models.CharField(
+        max_length=8,
+        blank=True,
+        choices=[("scsi0", "scsi0"), ("virtio0", "virtio0"), ("sata0", "sata0")],
+        help_text="the template's boot disk",
+    )
+    source_disk_gib = models.PositiveIntegerField(
+        "source disk GiB",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(4), MaxValueValidator(4096)],
+        help_text="the template disk's size, 4-4096 GiB",
+    )
+    guest_user = models.CharField(
+        max_length=32,
+        blank=True,
+        validators=[
+            RegexValidator(
+                r"^(?!root$)[a-z_][a-z0-9_-]{0,31}$",
+                "1-32 lower-case letters, digits, _ or -, starting with a letter or _; not root",
+            )
+        ],
+        help_text="the image's cloud-init default user",
+    )
+    copies = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="per-node copies on local storage, node name → VMID (templates build "
+        "--all-nodes)",
+    )
 
     class Meta:
         ordering = ["cluster", "key"]
@@ -284,6 +323,17 @@ class Template(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} (VM {self.vmid})"
+
+    def ref(self) -> TemplateRef:
+        """The provider's view of this template."""
+        return TemplateRef(
+            self.vmid,
+            template_version=self.template_version or None,
+            disk_device=self.disk_device or None,
+            source_disk_gib=self.source_disk_gib,
+            guest_user=self.guest_user or None,
+            copies={str(k): int(v) for k, v in (self.copies or {}).items()},
+        )
 
 
 class MachineType(models.Model):

@@ -44,6 +44,8 @@ class OperationKind(models.TextChoices):
     REBOOT = "reboot"
     # Issue 14: set a drifted VM's cores, memory and net0 back to the catalogue.
     REPAIR = "repair"
+    # Issue 14: build a template from a cloud image; no proxy, the catalogue gets the result.
+    TEMPLATE_BUILD = "template_build"
 
 
 class DriftPolicy(models.TextChoices):

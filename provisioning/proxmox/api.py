@@ -338,6 +338,40 @@ class Api:
         )
         return list(self._data(call, deadline) or [])
 
+    def node_storages(self, node: str, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:
+        """The storages ``node`` can use, with ``content`` and ``shared`` (a GET per node)."""
+        call = Call("node_storages", "GET", "/nodes/{node}/storage", {"node": node})
+        return list(self._data(call, deadline) or [])
+
+    def download_url(
+        self,
+        node: str,
+        storage: str,
+        *,
+        url: str,
+        filename: str,
+        content: str,
+        checksum: str,
+        algorithm: str,
+        deadline: Deadline | None = None,
+    ) -> str:
+        """The node fetches ``url`` into ``storage`` and checks the checksum: a ``download``
+        task (pve-reference §7.8). Returns its UPID."""
+        call = Call(
+            "download_url",
+            "POST",
+            "/nodes/{node}/storage/{storage}/download-url",
+            {"node": node, "storage": storage},
+            {
+                "url": url,
+                "filename": filename,
+                "content": content,
+                "checksum": checksum,
+                "checksum-algorithm": algorithm,
+            },
+        )
+        return str(self._data(call, deadline))
+
     def upload_iso(
         self,
         node: str,
@@ -458,6 +492,25 @@ class Api:
         call = Call(
             "clone", "POST", "/nodes/{node}/qemu/{vmid}/clone", self._vm(node, vmid), params
         )
+        return str(self._data(call, deadline))
+
+    def create_vm(
+        self, node: str, vmid: int, config: Mapping[str, Any], *, deadline: Deadline | None = None
+    ) -> str:
+        """``POST /nodes/{node}/qemu``: a new VM; disks may be imported (``import-from``,
+        pve-reference §5.4). Returns the ``qmcreate`` UPID."""
+        call = Call(
+            "create_vm",
+            "POST",
+            "/nodes/{node}/qemu",
+            {"node": node},
+            {"vmid": str(vmid), **_str_values(config)},
+        )
+        return str(self._data(call, deadline))
+
+    def convert_to_template(self, node: str, vmid: int, *, deadline: Deadline | None = None) -> str:
+        """``POST .../template``: the VM becomes a template. Returns the ``qmtemplate`` UPID."""
+        call = Call("template", "POST", "/nodes/{node}/qemu/{vmid}/template", self._vm(node, vmid))
         return str(self._data(call, deadline))
 
     def resize(

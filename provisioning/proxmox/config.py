@@ -21,6 +21,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from .build_inputs import (
+    DISK_DEVICES,
+    DISK_GIB_MAX,
+    DISK_GIB_MIN,
+    GUEST_USER,
+    TEMPLATE_VERSION,
+)
+
 # Entry 15: node names as Proxmox knows them (they are request path segments).
 _NODE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 # Cluster names and catalogue keys: DNS-label-like, so they read well in paths and admin URLs.
@@ -78,7 +86,7 @@ _RANGE_KEYS = ("min", "max")
 # Issue 14: what reconcile does about a proxy VM whose cores, memory or net0 differ from the
 # catalogue: show it (``report``), or also set them back (``repair``, ``services.reconcile``).
 DRIFT_POLICIES = ("report", "repair")
-_TEMPLATE_KEYS = ("vmid",)
+_TEMPLATE_KEYS = ("vmid", "templateVersion", "diskDevice", "sourceDiskGiB", "guestUser", "copies")
 _MACHINE_KEYS = ("cores", "memoryMiB", "diskGiB")
 # Values never echoed in an error: vendor-data is guest configuration and may hold secrets.
 _SECRET_PATHS = frozenset({"vendorData"})
@@ -120,9 +128,24 @@ class MachineType:
 
 @dataclass(frozen=True)
 class TemplateRef:
-    """A catalogue image: the VMID of a Proxmox template to full-clone."""
+    """A catalogue image: the VMID of a Proxmox template to full-clone, and what seed 003 asks a
+    template declaration to carry (``templateVersion``, ``diskDevice``, ``sourceDiskGiB``,
+    ``guestUser``; optional, so catalogues written before issue 14 still load).
+
+    ``copies`` (issue 14): per-node copies of a template on local storage, node → VMID, built by
+    ``templates build --all-nodes``; a create on such a node clones its copy, so clones need
+    not queue on one node nor cross nodes from local storage."""
 
     vmid: int
+    template_version: str | None = None
+    disk_device: str | None = None
+    source_disk_gib: int | None = None
+    guest_user: str | None = None
+    copies: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def vmid_on(self, node: str) -> int:
+        """The template to clone for a VM on ``node``: its copy there, else the template."""
+        return int(self.copies.get(node, self.vmid)) if node else self.vmid
 
 
 def _show(value: object) -> str:
@@ -267,7 +290,14 @@ class ProxmoxConfig:
             "templates",
             _TEMPLATE_KEYS,
             ("vmid",),
-            lambda e: TemplateRef(vmid=e["vmid"]),
+            lambda e: TemplateRef(
+                vmid=e["vmid"],
+                template_version=e.get("templateVersion"),
+                disk_device=e.get("diskDevice"),
+                source_disk_gib=e.get("sourceDiskGiB"),
+                guest_user=e.get("guestUser"),
+                copies=e.get("copies") or {},
+            ),
             fail,
         )
         kwargs["machine_types"] = _entries(
@@ -311,7 +341,7 @@ class ProxmoxConfig:
             if value is not None:
                 out[key] = value
         out["vmidRange"] = {"min": self.vmid_min, "max": self.vmid_max}
-        out["templates"] = {key: {"vmid": ref.vmid} for key, ref in self.templates.items()}
+        out["templates"] = {key: _template_mapping(ref) for key, ref in self.templates.items()}
         machine_types: dict[str, object] = {}
         for key, mt in self.machine_types.items():
             entry: dict[str, int] = {"cores": mt.cores, "memoryMiB": mt.memory_mib}
@@ -416,6 +446,10 @@ class ProxmoxConfig:
                     ref.vmid,
                 )
 
+            elif isinstance(ref, TemplateRef):
+                for path, message, value in _declaration_problems(ref, self.nodes):
+                    bad(f"templates.{key}.{path}", message, value)
+
         self._catalogue_problems(
             "machineTypes", "machine type", self.machine_types, MachineType, errors
         )
@@ -484,6 +518,65 @@ class ProxmoxConfig:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _template_mapping(ref: TemplateRef) -> dict[str, object]:
+    out: dict[str, object] = {"vmid": ref.vmid}
+    for key, value in (
+        ("templateVersion", ref.template_version),
+        ("diskDevice", ref.disk_device),
+        ("sourceDiskGiB", ref.source_disk_gib),
+        ("guestUser", ref.guest_user),
+    ):
+        if value is not None:
+            out[key] = value
+    if ref.copies:
+        out["copies"] = dict(ref.copies)
+    return out
+
+
+def _declaration_problems(
+    ref: TemplateRef, nodes: tuple[str, ...]
+) -> list[tuple[str, str, object]]:
+    """Seed 003's limits on a template declaration's fields, as (path, allowed, value)."""
+    out: list[tuple[str, str, object]] = []
+    version = ref.template_version
+    if version is not None and not (
+        isinstance(version, str) and TEMPLATE_VERSION.fullmatch(version)
+    ):
+        out.append(
+            (
+                "templateVersion",
+                "1-128 letters, digits, dots, underscores, plus signs or hyphens",
+                version,
+            )
+        )
+    if ref.disk_device is not None and ref.disk_device not in DISK_DEVICES:
+        out.append(("diskDevice", f"one of {', '.join(DISK_DEVICES)}", ref.disk_device))
+    size = ref.source_disk_gib
+    if size is not None and not (_is_int(size) and DISK_GIB_MIN <= size <= DISK_GIB_MAX):
+        out.append(("sourceDiskGiB", f"an integer from {DISK_GIB_MIN} to {DISK_GIB_MAX}", size))
+    user = ref.guest_user
+    if user is not None and not (
+        isinstance(user, str) and GUEST_USER.fullmatch(user) and user != "root"
+    ):
+        out.append(
+            (
+                "guestUser",
+                "1-32 lower-case letters, digits, underscores or hyphens, starting with a "
+                "letter or underscore, not root",
+                user,
+            )
+        )
+    if not isinstance(ref.copies, Mapping):
+        out.append(("copies", "a map of node name to template VMID", ref.copies))
+        return out
+    for node, vmid in ref.copies.items():
+        if node not in nodes:
+            out.append((f"copies.{node}", "a node of this cluster", node))
+        elif not (_is_int(vmid) and VMID_FLOOR <= vmid <= VMID_CEILING):
+            out.append((f"copies.{node}", f"an integer from {VMID_FLOOR} to {VMID_CEILING}", vmid))
+    return out
 
 
 def _is_label(text: str) -> bool:

@@ -112,7 +112,7 @@ class CreateMachine(StepMachine[CreateRequest]):
     ) -> StepResult:
         node = resolve_zone(self.config, req.zone)
         machine = resolve_machine_type(self.config, req.machine_type)
-        template_vmid = resolve_template(self.config, req.image)
+        template_vmid = resolve_template(self.config, req.image, node)
 
         listing = self.api.cluster_resources(deadline=deadline)
         by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}

@@ -52,15 +52,16 @@ def resolve_machine_type(config: ProxmoxConfig, key: str) -> MachineType:
     return found
 
 
-def resolve_template(config: ProxmoxConfig, key: str) -> int:
-    """The template VMID named by ``placement.image``."""
+def resolve_template(config: ProxmoxConfig, key: str, node: str = "") -> int:
+    """The template VMID named by ``placement.image``: its copy on ``node`` when the catalogue
+    has one (``templates build --all-nodes``), else the template itself."""
     found = config.templates.get(key) if key else None
     if found is None:
         raise PermanentError(
             f'placement.image "{key}" is not in proxmox.templates',
             remediation=_pick_or_add(config, "templates", config.templates, key),
         )
-    return found.vmid
+    return found.vmid_on(node)
 
 
 def _pick_or_add(config: ProxmoxConfig, what: str, offered: Mapping[str, object], key: str) -> str:

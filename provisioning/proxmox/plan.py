@@ -275,7 +275,7 @@ def build_plan(
     """
     node, source = _resolve_node(config, zone, placement_node)
     machine = resolve_machine_type(config, machine_type)
-    template_vmid = resolve_template(config, image)
+    template_vmid = resolve_template(config, image, node or "")
     digest = _cloud_init_digest(cloud_init_sha256, cloud_init_bytes)
     uid_text = canonical_uid(uid) if uid is not None else None
     candidate = (

@@ -77,6 +77,47 @@ ENDPOINTS: dict[str, tuple[Need, ...]] = {
             f"{SCHEMA} POST /nodes/{{node}}/storage/{{storage}}/upload",
         ),
     ),
+    # Template builds (issue 14). The node lists its storages for any identity (user all,
+    # filtered by Datastore.Audit, which storage_status already needs).
+    "node_storages": (),
+    # download-url: AllocateTemplate on the storage and, instead of Sys.Audit+Sys.Modify on /,
+    # the narrower Sys.AccessNetwork on the node (schema's "or").
+    "download_url": (
+        Need(
+            "storage",
+            ("Datastore.AllocateTemplate",),
+            f"{SCHEMA} POST /nodes/{{node}}/storage/{{storage}}/download-url",
+        ),
+        Need(
+            "node",
+            ("Sys.AccessNetwork",),
+            f"{SCHEMA} POST /nodes/{{node}}/storage/{{storage}}/download-url"
+            " (Sys.Audit+Sys.Modify on / or Sys.AccessNetwork on the node)",
+        ),
+    ),
+    # POST /nodes/{node}/qemu: VM.Allocate on /pool/<pool> (the build passes the pool), each
+    # key's privilege (§2.4: disk, cores, memory, net0, agent/name/description, serial0/vga/
+    # scsihw), AllocateSpace on the disk's storage, SDN.Use on the bridge.
+    "create_vm": (
+        Need(
+            "pool",
+            (
+                "VM.Allocate",
+                "VM.Config.Disk",
+                "VM.Config.CPU",
+                "VM.Config.Memory",
+                "VM.Config.Network",
+                "VM.Config.Options",
+                "VM.Config.HWType",
+            ),
+            f"{SCHEMA} POST /nodes/{{node}}/qemu; {HANDLER} (per key)",
+        ),
+        Need("storage", ("Datastore.AllocateSpace",), HANDLER + " (disks)"),
+        Need("bridge", ("SDN.Use",), HANDLER + " (netN)"),
+    ),
+    "template": (
+        Need("pool", ("VM.Allocate",), f"{SCHEMA} POST /nodes/{{node}}/qemu/{{vmid}}/template"),
+    ),
     "delete_volume": (
         Need(
             "storage",

@@ -51,6 +51,8 @@ from .release import new_progress as new_release_progress
 from .repair import RepairMachine, RepairRequest
 from .repair import new_progress as new_repair_progress
 from .steps import Progress, StepResult
+from .template_build import TemplateBuildMachine, TemplateBuildRequest
+from .template_build import new_progress as new_build_progress
 from .waits import Durations, NoDurations
 
 
@@ -78,6 +80,7 @@ class Provider:
         self._power = PowerMachine(api, config, self.budgets, clock=clock, durations=known)
         self._release = ReleaseMachine(api, config, self.budgets, clock=clock, durations=known)
         self._repair = RepairMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._build = TemplateBuildMachine(api, config, self.budgets, clock=clock, durations=known)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------
@@ -147,6 +150,18 @@ class Provider:
         self, req: RepairRequest, progress: Progress, *, deadline: Deadline | None = None
     ) -> StepResult:
         return self._repair.step(req, progress, deadline=deadline)
+
+    # --- template builds (issue 14) ---------------------------------------------------
+
+    @staticmethod
+    def new_template_build_progress() -> Progress:
+        return new_build_progress()
+
+    def template_build_step(
+        self, req: TemplateBuildRequest, progress: Progress, *, deadline: Deadline | None = None
+    ) -> StepResult:
+        """One stage of a template build (``template_build``)."""
+        return self._build.step(req, progress, deadline=deadline)
 
     # --- power (seed 001) --------------------------------------------------------------
 

@@ -259,21 +259,30 @@ KNOWN_TASKS = 10
 
 
 def vm_tasks(
-    api: Api, node: str, vmid: int, task_type: str, *, deadline: Deadline | None = None
+    api: Api,
+    node: str,
+    vmid: int | None,
+    task_type: str,
+    *,
+    deadline: Deadline | None = None,
+    task_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """The VM's latest ``task_type`` tasks on ``node``, newest first, running or ended (a
-    running task has no ``endtime``, pve-reference §4.3)."""
+    running task has no ``endtime``, pve-reference §4.3). ``task_id``: a task whose id is not
+    a VMID (a ``download``'s escaped file name, §4.5), looked for among the node's tasks of
+    that type."""
+    wanted = str(vmid) if task_id is None else task_id
     return [
         task
         for task in api.node_tasks(
             node,
-            vmid=vmid,
+            vmid=vmid if task_id is None else None,
             typefilter=task_type,
             source="all",
             limit=KNOWN_TASKS,
             deadline=deadline,
         )
-        if task.get("type") == task_type and str(task.get("id")) == str(vmid) and task.get("upid")
+        if task.get("type") == task_type and str(task.get("id")) == wanted and task.get("upid")
     ]
 
 
@@ -293,8 +302,10 @@ def submit_once(
     clock: Callable[[], float] = time.time,
     deadline: Deadline | None = None,
     warm: bool = False,
+    task_id: str | None = None,
 ) -> StepResult:
     """Submit a VM task, unless it is already there: then adopt its UPID as the receipt.
+    (``task_id``: the task's id when it is not ``vmid``, see ``vm_tasks``.)
 
     Two ways it can be there (seed 001: reading a receipt never repeats the mutation):
 
@@ -309,7 +320,9 @@ def submit_once(
     """
     known = progress.get("known_tasks")
     tasks = (
-        [] if warm and known is None else vm_tasks(api, node, vmid, task_type, deadline=deadline)
+        []
+        if warm and known is None
+        else vm_tasks(api, node, vmid, task_type, deadline=deadline, task_id=task_id)
     )
     upid: str | None = None
     if known is not None:

@@ -327,12 +327,24 @@ def _sync_templates(cluster: Cluster, templates: Mapping[str, TemplateRef]) -> N
     Template.objects.filter(cluster=cluster).exclude(key__in=list(templates)).delete()
     new = []
     for key, ref in templates.items():
+        # Seed 003's declaration and the per-node copies (issue 14), as the document says.
+        fields = {
+            "vmid": ref.vmid,
+            "template_version": ref.template_version or "",
+            "disk_device": ref.disk_device or "",
+            "source_disk_gib": ref.source_disk_gib,
+            "guest_user": ref.guest_user or "",
+            "copies": dict(ref.copies),
+        }
         row = rows.get(key)
         if row is None:
-            new.append(Template(cluster=cluster, key=key, vmid=ref.vmid))
-        elif row.vmid != ref.vmid:
-            row.vmid = ref.vmid
-            row.save(update_fields=["vmid"])
+            new.append(Template(cluster=cluster, key=key, **fields))
+            continue
+        changed = [name for name, value in fields.items() if getattr(row, name) != value]
+        if changed:
+            for name in changed:
+                setattr(row, name, fields[name])
+            row.save(update_fields=changed)
     Template.objects.bulk_create(new)
 
 

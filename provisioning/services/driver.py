@@ -51,7 +51,17 @@ from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.steps import StepResult
 from provisioning.proxmox.waits import BOOT
 
-from . import circuit, claims, dispatch, durations, leases, policy, slots, tracing
+from . import (
+    circuit,
+    claims,
+    dispatch,
+    durations,
+    leases,
+    policy,
+    slots,
+    template_builds,
+    tracing,
+)
 from .clock import db_now
 from .journal import journal_step
 from .providers import provider_for
@@ -355,6 +365,10 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 redispatches=0,
             )
         Operation.objects.filter(pk=op.pk).update(**updates)
+        if outcome.template is not None and updates["state"] == OperationState.SUCCEEDED:
+            # Issue 14: the catalogue records the template in the commit that ends its build.
+            op.progress = outcome.progress
+            template_builds.template_register(op=op, details=outcome.template)
         if op.proxy_id and proxy_updates:
             proxy_updates["observed_at"] = now
             Proxy.objects.filter(pk=op.proxy_id).update(**proxy_updates)

@@ -453,6 +453,25 @@ def operation_for_gc(*, cluster: Cluster, vm_name: str, uid: str, vmid: int) -> 
         )
 
 
+def operation_for_template_build(
+    *, cluster: Cluster, name: str, build: dict[str, Any], user: User, via: str
+) -> Operation:
+    """A journalled template build (issue 14): no proxy; its inputs in ``progress.build``.
+
+    Run by the same driver as a create, so it has the journal's receipts, claims, ceilings and
+    sweeper; only the proxy lease and row are absent (the driver takes none without a proxy)."""
+    return _new_operation(
+        kind=OperationKind.TEMPLATE_BUILD,
+        proxy=None,
+        proxy_name=name[: Operation._meta.get_field("proxy_name").max_length],
+        cluster=cluster,
+        requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
+        requested_by_name=_requester_name(user, via),
+        requested_via=via,
+        progress={"build": build},
+    )
+
+
 # --- helpers ---------------------------------------------------------------------------
 
 

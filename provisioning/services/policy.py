@@ -47,6 +47,8 @@ MAX_AGE_SECONDS = {
     OperationKind.REBOOT: 1800,
     # A repair may reboot and then follows the boot to its address, as a start does.
     OperationKind.REPAIR: 1800,
+    # Download (budgeted like a clone, 600 s), create with import, resize, conversion.
+    OperationKind.TEMPLATE_BUILD: 3600,
 }
 _AGE_SETTING = {
     OperationKind.CREATE: "PROXYHUB_MAX_AGE_CREATE_SECONDS",
@@ -56,6 +58,7 @@ _AGE_SETTING = {
     OperationKind.SHUTDOWN: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.REBOOT: "PROXYHUB_MAX_AGE_POWER_SECONDS",
     OperationKind.REPAIR: "PROXYHUB_MAX_AGE_REPAIR_SECONDS",
+    OperationKind.TEMPLATE_BUILD: "PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS",
 }
 
 

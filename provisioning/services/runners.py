@@ -38,6 +38,7 @@ from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 from .seeds import keep_seed_iso
+from .template_builds import build_request
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -69,6 +70,8 @@ class Outcome:
     finished: bool = False
     delete_proxy: bool = False
     phase_name: str = ""  # the journal step name; defaults to the provider's stage
+    # A template build that ended: what the catalogue records (services.template_builds).
+    template: dict[str, Any] | None = None
 
 
 def run_step(op: Operation, progress: dict[str, Any], now: datetime) -> Outcome:
@@ -148,6 +151,20 @@ def _run_create(
             provider_id=result.provider_id,
         )
     return Outcome(result, progress, observed)
+
+
+def _run_template_build(
+    op: Operation, provider: Provider, progress: dict[str, Any], now: datetime
+) -> Outcome:
+    """One stage of a template build (issue 14): the machine's record is ``progress.record``;
+    the build's inputs, ``progress.build``, never change."""
+    req = build_request(progress["build"])
+    record = progress.get("record") or provider.new_template_build_progress()
+    result = provider.template_build_step(req, record)
+    progress["record"] = result.progress
+    if result.status == "done":
+        return Outcome(result, progress, finished=True, template=dict(result.details))
+    return Outcome(result, progress)
 
 
 def _cloud_init(proxy: Proxy, op: Operation) -> bytes:
@@ -466,6 +483,7 @@ _RUNNERS: dict[OperationKind, Runner] = {
     OperationKind.SHUTDOWN: _run_power,
     OperationKind.REBOOT: _run_power,
     OperationKind.REPAIR: _run_repair,
+    OperationKind.TEMPLATE_BUILD: _run_template_build,
 }
 
 

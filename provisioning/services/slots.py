@@ -50,8 +50,25 @@ WAIT_FALLBACK = timedelta(seconds=60)
 WAIT_NOTE = "waiting for a task slot on "
 
 # Stages of each step machine that submit a task, and those that poll one already submitted.
-_SUBMIT = {"clone", "upload", "resize", "start", "stop", "destroy", "submit", "remove", "reboot"}
+_SUBMIT = {
+    "clone",
+    "upload",
+    "resize",
+    "start",
+    "stop",
+    "destroy",
+    "submit",
+    "remove",
+    "reboot",
+    # template builds (issue 14)
+    "download",
+    "create",
+    "convert",
+}
 _POLL = {
+    "download_wait",
+    "create_wait",
+    "convert_wait",
     "clone_wait",
     "upload_wait",
     "resize_wait",
@@ -100,6 +117,10 @@ def _record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
         return progress.get("power")
     if op_kind == OperationKind.REPAIR:
         return progress.get("repair")
+    if op_kind == OperationKind.TEMPLATE_BUILD:
+        # Every task of a build runs on the build's node; its record names it only later.
+        build = progress.get("build") or {}
+        return dict(progress.get("record") or {"stage": "lookup"}, node=build.get("node"))
     return progress.get("create")
 
 

@@ -371,6 +371,10 @@ PROXYHUB_MAX_AGE_REPAIR_SECONDS = env.int("PROXYHUB_MAX_AGE_REPAIR_SECONDS", def
 # many seconds, at most this share of a cluster's proxies per reconcile round (services/drift.py).
 PROXYHUB_DRIFT_RECHECK_SECONDS = env.int("PROXYHUB_DRIFT_RECHECK_SECONDS", default=3600)
 PROXYHUB_DRIFT_ROTATION_SHARE = env.float("PROXYHUB_DRIFT_ROTATION_SHARE", default=0.05)
+# A template build (issue 14): download, create with import, resize, conversion.
+PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS = env.int(
+    "PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS", default=3600
+)
 # The per-cluster circuit breaker: opens after this many connection failures in a row (at once
 # after one that held a worker 2 s or more), defers the cluster's steps for the open interval
 # (doubling after a failed probe, up to the maximum).

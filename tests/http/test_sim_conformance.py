@@ -8,6 +8,7 @@ test says so (``fast``). Section numbers refer to pve-reference/README.md.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from typing import Any
@@ -16,6 +17,8 @@ from urllib.parse import quote
 import pytest
 import requests
 from pvesim_client import SECRET, Pve, seed_iso
+
+from tests.support.imageserver import image_server
 
 pytestmark = pytest.mark.http
 
@@ -523,3 +526,27 @@ def test_the_ledger_counts_what_reached_the_simulator(pve: Pve) -> None:
 def test_the_control_surface_refuses_unknown_calls(pve: Pve) -> None:
     answer = pve.session.post(f"{pve.server.url}/_sim/explode", json={}, verify=pve.ca)
     assert answer.status_code == 404
+
+
+def test_download_url_over_https_fetches_from_loopback_and_checks_the_checksum(pve: Pve) -> None:
+    """Issue 14, pve-reference §7.8 and §3.7: the node (the HTTPS simulator) fetches the URL
+    itself; a good checksum stores the file, a wrong one fails the ``download`` task."""
+    with image_server(b"image-over-https" * 64) as served:
+        digest = hashlib.sha256(served.data).hexdigest()
+        form = {
+            "url": served.url("cloud.qcow2"),
+            "filename": "cloud-https.img",
+            "content": "iso",
+            "checksum-algorithm": "sha256",
+        }
+        path = "/nodes/pve1/storage/local/download-url"
+        good = pve.data("POST", path, data={**form, "checksum": digest})
+        bad = pve.data("POST", path, data={**form, "checksum": "0" * 64})
+        assert pve.wait(good)["exitstatus"] == "OK"
+        assert (
+            pve.wait(bad)["exitstatus"]
+            == f"checksum mismatch: got '{digest}' != expect '{'0' * 64}'"
+        )
+        assert served.requests == ["/cloud.qcow2", "/cloud.qcow2"]
+    volids = [i["volid"] for i in pve.data("GET", "/nodes/pve1/storage/local/content")]
+    assert "local:iso/cloud-https.img" in volids

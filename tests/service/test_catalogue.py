@@ -566,3 +566,58 @@ def test_the_drift_policy_imports_exports_and_is_refused_when_unknown(
     problems = {p.path: p.message for p in caught.value.problems}
     assert problems[f"{bad}[0].driftPolicy"] == 'must be report or repair, got "fix"'
     assert Cluster.objects.get().drift_policy == "repair"  # nothing written
+
+
+# --- issue 14: seed 003's template declaration and per-node copies --------------------------
+
+DECLARED = {
+    "vmid": 9001,
+    "templateVersion": "debian-13-cloud-20261016",
+    "diskDevice": "scsi0",
+    "sourceDiskGiB": 8,
+    "guestUser": "debian",
+    "copies": {"pv1-1": 9002, "pv1-2": 9003},
+}
+
+
+def test_a_template_declaration_imports_exports_and_round_trips(
+    tmp_path: Path, token_file: str
+) -> None:
+    _import_file(tmp_path, _doc(token_file, templates={"debian-13": DECLARED}))
+    row = Template.objects.get(key="debian-13")
+    assert (row.template_version, row.disk_device, row.source_disk_gib, row.guest_user) == (
+        "debian-13-cloud-20261016",
+        "scsi0",
+        8,
+        "debian",
+    )
+    assert row.copies == {"pv1-1": 9002, "pv1-2": 9003}
+    exported = yaml.safe_load(catalogue_export())
+    assert exported["templates"]["debian-13"] == DECLARED
+    path = tmp_path / "exported.yaml"
+    path.write_text(catalogue_export())
+    assert catalogue_import(catalogue_load([str(path)])).unchanged == ["proxmox-home"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("templateVersion", "has space", "letters, digits, dots"),
+        ("diskDevice", "ide0", "one of scsi0, virtio0, sata0"),
+        ("sourceDiskGiB", 2, "an integer from 4 to 4096"),
+        ("guestUser", "root", "not root"),
+        ("copies", {"nowhere": 9005}, "a node of this cluster"),
+        ("colour", "blue", ""),
+    ],
+)
+def test_a_bad_declaration_is_refused_with_its_path_and_nothing_is_written(
+    tmp_path: Path, token_file: str, field: str, value: Any, message: str
+) -> None:
+    entry = {**DECLARED, field: value}
+    with pytest.raises(CatalogueError) as caught:
+        _import_file(tmp_path, _doc(token_file, templates={"debian-13": entry}))
+    paths = {p.path.split(".yaml", 1)[1]: p.message for p in caught.value.problems}
+    where = f"[0].templates.debian-13.{field}" + (".nowhere" if field == "copies" else "")
+    assert where in paths, paths
+    assert message in paths[where]
+    assert not Cluster.objects.exists()

@@ -87,6 +87,36 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
         lambda a: a.storage_content("pve1", "proxy-seeds", content="iso"),
         lambda a: a.storage_content("pve1", "local-lvm", content="images", vmid=100123),
     ],
+    "node_storages": [lambda a: a.node_storages("pve1")],
+    "download_url": [
+        lambda a: a.download_url(
+            "pve1",
+            "local",
+            url="https://cloud.debian.org/images/cloud/trixie/latest/debian-13-genericcloud-amd64.qcow2",
+            filename="debian-13-genericcloud-amd64.qcow2",
+            content="import",
+            checksum="ab" * 32,
+            algorithm="sha256",
+        )
+    ],
+    "create_vm": [
+        lambda a: a.create_vm(
+            "pve1",
+            9100,
+            {
+                "name": "tpl-debian-13",
+                "scsi0": "local-lvm:0,import-from=local:import/debian-13-genericcloud-amd64.qcow2",
+                "scsihw": "virtio-scsi-pci",
+                "agent": "1",
+                "serial0": "socket",
+                "vga": "serial0",
+                "net0": "virtio,bridge=vmbr0",
+                "memory": "1024",
+                "cores": 1,
+            },
+        )
+    ],
+    "convert_to_template": [lambda a: a.convert_to_template("pve1", 9100)],
     "upload_iso": [
         lambda a: a.upload_iso(
             "pve1", "proxy-seeds", filename="proxy-fra-1-seed.iso", content=b"\0" * 2048
