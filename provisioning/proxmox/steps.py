@@ -40,7 +40,7 @@ from .errors import (
     classify,
 )
 from .tasks import parse_upid, read_task
-from .waits import Durations, NoDurations, Timing, next_wait
+from .waits import Durations, NoDurations, Timing, next_wait, seen_at
 
 Status = Literal["continue", "wait", "done", "error"]
 Progress = dict[str, Any]
@@ -156,11 +156,15 @@ def poll_task(
     running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
     """
     upid = progress["upid"]
+    sent = clock()
     outcome = read_task(api, upid, deadline=deadline)
     now = clock()
     if outcome.state == "running":
-        since = progress.get("since") or now
-        waiting = dict(progress, since=since, seen_running=_look(progress, now - since))
+        since = progress.get("since") or sent
+        seen = seen_at(
+            planned=progress.get("look_at"), sent=sent - since, landed=now - since, running=True
+        )
+        waiting = dict(progress, since=since, seen_running=seen)
         if now - since > budget:
             return StepResult(
                 "error",
@@ -181,15 +185,16 @@ def poll_task(
         return StepResult("error", progress, step, upid=upid, error=classify(op, failure))
     message = outcome.exitstatus if outcome.state == "warnings" else ""
     result = StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
-    timing = _timing(upid, progress, now)
+    timing = _timing(upid, progress, sent, now)
     if timing is not None:
         result.details[TIMING] = timing.as_dict()
     return result
 
 
-def _timing(upid: str, progress: Progress, now: float) -> Timing | None:
-    """What the wait for ``upid``, ended at ``now``, tells about its task type on its node;
-    None for a record without a wait start (written before waits were timed)."""
+def _timing(upid: str, progress: Progress, sent: float, now: float) -> Timing | None:
+    """What the wait for ``upid``, whose look sent at ``sent`` found it ended at ``now``, tells
+    about its task type on its node; None for a record without a wait start (written before
+    waits were timed)."""
     since = progress.get("since")
     if not since:
         return None
@@ -201,15 +206,13 @@ def _timing(upid: str, progress: Progress, now: float) -> Timing | None:
         kind=parsed.type,
         scope=parsed.node,
         seen_running=float(progress.get("seen_running") or 0.0),
-        seen_done=_look(progress, max(0.0, now - float(since))),
+        seen_done=seen_at(
+            planned=progress.get("look_at"),
+            sent=sent - float(since),
+            landed=now - float(since),
+            running=False,
+        ),
     )
-
-
-def _look(progress: Progress, landed: float) -> float:
-    """When the look that just ran was planned, in seconds after the wait's start (``waits``:
-    estimates are learned in planned time); when it landed for a record without a plan."""
-    planned = progress.get("look_at")
-    return float(planned) if planned is not None else landed
 
 
 def task_wait(

@@ -15,10 +15,17 @@ look that saw it ended. A bracketed wait counts as the middle of that interval; 
 first look already found the work over only proves it took at most that long, so it counts as
 a little less (``PROBE_DOWN``): otherwise an estimate that is too long would never shrink.
 
-Looks are timed by when they were planned (seconds after the work began), not by when they
-happened: a look always lands a little after its plan (the broker's delivery, the request), and
-learning from the landing would grow every estimate by that overhead, round after round. In
-planned time the estimate settles where a planned look finds the work over. The first look
+A look that found the work over is timed by when it was planned (seconds after the work began),
+not by when it happened, as long as it landed about on time: a look always lands a little after
+its plan (the broker's delivery, the request), and learning from the landing would grow every
+estimate by that overhead, round after round. In planned time the estimate settles where a
+planned look finds the work over. But a plan is not a fact: a look that a loaded machine
+delivered late (more than ``LATE`` after its plan, or ``MARGIN`` of it when longer) found the work
+over at its landing, and the work may have ended anywhere before that, so it counts at its
+landing. Counting it at its plan taught a wait that a 0.6 s clone takes 35 ms when its first
+look, planned at 50 ms, came at 0.8 s; the next create then read that clone again and again. A look
+that found the work still going is timed by when it was sent, always: that is what Proxmox
+said (the work was going then), and the plan of a late look says less (``seen_at``). The first look
 comes ``MARGIN`` after the estimate, so the probe down (a first look that finds the work still
 going, one poll more) is the exception. The constants trade looks for lateness: in a simulation
 with 10 % jitter on the duration and a 15-45 ms overhead per look, waits took 1.3 to 1.5 looks
@@ -49,13 +56,17 @@ ALPHA = 0.4
 OUTLIER_FACTOR = 4.0
 # The kind under which boot-to-address is kept (beside the task types of the UPIDs).
 BOOT = "boot"
+# A look that landed more than this after its plan (or MARGIN of the plan, when longer) was
+# late: more than a delivery's usual overhead (20-35 ms on an idle machine), so the plan is no
+# longer a fair stand-in for when it looked (module docstring).
+LATE = 0.1
 
 
 @dataclass(frozen=True)
 class Timing:
     """What one finished wait told: ``kind`` of work on ``scope`` (a task type on a node, or
-    ``BOOT`` for an image) was still going at the look planned ``seen_running`` seconds after it
-    began (0 when no look saw it going) and over at the look planned ``seen_done`` after."""
+    ``BOOT`` for an image) was still going ``seen_running`` seconds after it began (0 when no
+    look saw it going) and over at the look that stands for ``seen_done`` after (``seen_at``)."""
 
     kind: str
     scope: str
@@ -79,6 +90,19 @@ class Timing:
         if self.seen_running <= 0:
             return max(0.0, self.seen_done * PROBE_DOWN)
         return (self.seen_running + max(self.seen_done, self.seen_running)) / 2
+
+
+def seen_at(*, planned: float | None, sent: float, landed: float, running: bool) -> float:
+    """The time, in seconds after the work began, that a look stands for (module docstring).
+
+    ``planned``: when the look was planned (None for a record without a plan); ``sent`` and
+    ``landed``: when its read went out and its answer came back; ``running``: whether it found
+    the work still going."""
+    if running:
+        return max(0.0, sent)
+    if planned is None or landed - planned > max(LATE, MARGIN * planned):
+        return max(0.0, landed)
+    return max(0.0, min(planned, landed))
 
 
 class Durations(Protocol):

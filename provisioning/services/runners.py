@@ -13,6 +13,7 @@ be unsealed with the current key.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,7 +30,7 @@ from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.release import ReleaseRequest
 from provisioning.proxmox.steps import TIMING, StepResult
-from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait
+from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait, seen_at
 from provisioning.sealing import SealError
 
 from .drift import built_spec, proxy_spec
@@ -194,6 +195,7 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
         booting = _first_address_wait(op, proxy, progress, now)
         if booting is not None:
             return booting
+    reading = time.monotonic()
     try:
         # A VM this create started is watched with one agent read a look (issue 12); what that
         # read cannot settle, and every other VM, gets the full read. The node is known (the
@@ -219,10 +221,12 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
             phase_name="address",
         )
     observed = observed_fields(instance, now)
-    # The wait is measured on the database's clock, like every other age in the loop.
+    # The wait is measured on the database's clock, like every other age in the loop; ``now``
+    # is when the look was sent, ``landed`` when its answer came back.
     waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
+    landed = waited + (time.monotonic() - reading)
     if instance.state == "Running":
-        details = {TIMING: _boot_timing(proxy, progress, waited).as_dict()}
+        details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
         if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
             # The boot that needed the seed is over: release it (issue 11).
             progress.update(stage="seed_release", release=provider.new_release_progress())
@@ -242,8 +246,10 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
             message=f"no address after {int(waited)} s; reconcile keeps watching it",
         )
         return Outcome(result, progress, observed, finished=True, phase_name="address")
-    if progress.get("address_look_at") is not None:
-        progress["address_seen"] = progress["address_look_at"]
+    # Still booting when the look went out: a fact, whatever the plan was (``waits.seen_at``).
+    progress["address_seen"] = seen_at(
+        planned=progress.get("address_look_at"), sent=waited, landed=landed, running=True
+    )
     result = StepResult(
         "wait",
         progress,
@@ -295,14 +301,16 @@ def _plan_address_look(
     return delay
 
 
-def _boot_timing(proxy: Proxy, progress: dict[str, Any], waited: float) -> Timing:
-    """What this boot taught about the image's start to address, in planned time (``waits``)."""
-    planned = progress.get("address_look_at")
+def _boot_timing(proxy: Proxy, progress: dict[str, Any], waited: float, landed: float) -> Timing:
+    """What this boot taught about the image's start to address: the look that found the
+    address stands for its plan when it landed about on time (``waits.seen_at``)."""
     return Timing(
         kind=BOOT,
         scope=proxy.image,
         seen_running=float(progress.get("address_seen") or 0.0),
-        seen_done=float(planned) if planned is not None else waited,
+        seen_done=seen_at(
+            planned=progress.get("address_look_at"), sent=waited, landed=landed, running=False
+        ),
     )
 
 

@@ -8,6 +8,7 @@ simulator's ledger."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,3 +108,23 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     assert warm_polls[0] < cold_polls[0], (cold_polls, warm_polls)
     # The address: the first look waits for the image's expected boot instead of reading at once.
     assert warm_agent <= 2, warm_agent
+
+
+def test_a_first_look_delivered_late_teaches_what_it_saw_not_its_plan(
+    pump: Pump, slow_sim: Sim
+) -> None:
+    # A loaded machine: the cold clone's first look, planned 50 ms after the submission, reaches
+    # Proxmox 0.8 s later and finds the 0.6 s clone over. That look proves only that the clone
+    # took at most 0.85 s; counted at its plan it taught 35 ms, and the next create read the
+    # clone again and again on intervals growing from 50 ms.
+    sim = slow_sim
+    sim.before(TASK_STATUS, lambda call: time.sleep(0.8))
+    _, cold_polls, _ = _create(pump, sim, "first")
+    assert cold_polls[1] == 1, cold_polls  # the late look found the clone over
+
+    clone = _estimates(sim)[("qmclone", "pve1")][0]
+    # The clone took 0.6 s (at half the fast profile's speed): the estimate is of that order.
+    assert 0.3 <= clone <= 1.0, clone
+
+    _, warm_polls, _ = _create(pump, sim, "second")
+    assert warm_polls[1] <= 2, warm_polls

@@ -13,6 +13,7 @@ from provisioning.proxmox.waits import (
     Timing,
     learn,
     next_wait,
+    seen_at,
 )
 
 
@@ -63,3 +64,16 @@ def test_an_estimate_too_long_shrinks_when_every_first_look_finds_the_task_over(
         look = estimate.seconds * (1 + MARGIN)
         estimate = learn(estimate, Timing("boot", "debian-13", 0.0, look))
     assert estimate.seconds < 2.0
+
+
+def test_a_look_on_time_stands_for_its_plan_and_a_late_one_for_what_it_saw() -> None:
+    # Found the work over, landed 30 ms after its plan (a delivery's usual overhead): the plan,
+    # so the overhead is not learned.
+    assert seen_at(planned=0.5, sent=0.52, landed=0.53, running=False) == 0.5
+    # Landed 0.8 s late: the work may have ended anywhere before the landing.
+    assert seen_at(planned=0.05, sent=0.84, landed=0.85, running=False) == 0.85
+    # Found the work going: when the read went out, a fact, late or early.
+    assert seen_at(planned=0.05, sent=0.84, landed=0.85, running=True) == 0.84
+    assert seen_at(planned=0.5, sent=0.3, landed=0.31, running=True) == 0.3
+    # No plan (a record written before waits were planned): the landing.
+    assert seen_at(planned=None, sent=0.2, landed=0.21, running=False) == 0.21
