@@ -686,9 +686,17 @@ class CreateMachine(StepMachine[CreateRequest]):
                 details=_identity_details(progress),
             )
         if status.get("status") != "running":
-            raise TransientError(
-                f"VM {vmid} is {status.get('status')} after its start",
-                remediation="the next attempt starts it again; the node's task log has details",
+            # Stopped after its start ended (a stop queued on the node before it ran, say):
+            # the record goes back to the start, so the next attempt starts it again, as the
+            # remediation says; staying here only read "stopped" until the ceiling.
+            return fail(
+                advance(progress, "start"),
+                "running",
+                TransientError(
+                    f"VM {vmid} is {status.get('status')} after its start",
+                    remediation="the next attempt starts it again; the node's task log has details",
+                    op=OP,
+                ),
                 op=OP,
             )
         since = progress.get("since") or self.clock()

@@ -463,3 +463,30 @@ def test_a_lost_start_reply_is_read_back_even_once_the_task_has_ended(world: Wor
     done = _drive_from(world, req, first.progress)
     assert done.status == "done"
     assert [e.status for e in world.engine.ledger.calls("POST", START)] == [200]
+
+
+def test_a_vm_stopped_after_its_start_is_started_again(world: World) -> None:
+    """The start task ended and then something stopped the VM (a stop queued on the node):
+    the create goes back to its start instead of reading "stopped" until its ceiling."""
+    provider = world.provider
+    req = world.request("restart")
+    progress = provider.new_create_progress()
+    for _ in range(200):
+        result = world.step(lambda pr: provider.create_step(req, pr), progress)
+        progress = result.progress
+        if progress.get("stage") == "running":
+            break
+    assert progress.get("stage") == "running", progress
+    progress = dict(progress, ticket=None)  # a cold record: the stage reads the status
+    vmid, node = int(progress["vmid"]), str(progress["node"])
+    world.api.stop(node, vmid)
+    world.engine.control.advance(5.0)
+    assert world.api.vm_status(node, vmid)["status"] == "stopped"
+
+    stopped = world.step(lambda pr: provider.create_step(req, pr), progress)
+    assert stopped.status == "error" and stopped.error is not None
+    assert stopped.error.kind == "transient"
+    assert stopped.progress["stage"] == "start"
+    done = world.drive(lambda pr: provider.create_step(req, pr), stopped.progress)
+    assert done.status == "done", done.error
+    assert world.api.vm_status(node, vmid)["status"] == "running"
