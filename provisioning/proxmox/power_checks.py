@@ -181,61 +181,26 @@ def _examine(
     preview = PowerPreview(vmid, name, node, st, qmp, str(lock) if lock else None)
     label = f"VM {vmid} ({name}) on {node}"
 
-    if lock == "suspended":
-        return _refused(
-            preview,
-            f"{label} is hibernated (lock: suspended)",
-            "resume it in Proxmox (a start there resumes it from disk) or destroy it, then "
-            "retry; proxyhub does not power hibernated VMs",
-        )
-    if lock:
-        return _refused(
-            preview,
-            f"{label} is locked ({lock})",
-            "wait for the Proxmox task holding the lock to finish, or clear a stale lock with "
-            f"`qm unlock {vmid}`, then retry",
-        )
-    why = not_ours(req, config)
-    if why:
-        return _refused(preview, why, _NOT_OURS)
     try:
-        check_identity(req.identity, config, vmid=vmid, vm_name=req.vm_name, op=OP)
+        refused = ownership_refusal(
+            req, req.identity, label=label, lock=lock, config=config, remedies=_REMEDIES, op=OP
+        )
     except IdentityMismatch as err:
         refusal = Refusal(err.message, err.remediation, identity=True)
         return replace(preview, refusal=str(refusal)), refusal
-    if str(config.get("template", "0")) == "1":
-        return _refused(
-            preview,
-            f"{label} is a template",
-            "templates are never powered; pick the proxy's own VM",
-        )
+    if refused:
+        return _refused(preview, *refused)
 
     if req.action == "start" and st == "running" and qmp == "running":
         return _skipped(preview, f"{label} is already running; start skipped")
     if req.action == "shutdown" and st == "stopped":
         return _skipped(preview, f"{label} is already stopped; shutdown skipped")
 
-    if st == "running" and qmp in HALTED:
-        return _refused(
-            preview,
-            f"{label} is {qmp} (QEMU runs, the guest does not)",
-            f"resume it in Proxmox (`qm resume {vmid}`) or stop it there, then retry",
-        )
-    ha_state = ha_state_of(entry, status)
-    if ha_state:
-        return _refused(
-            preview,
-            f"{label} is managed by Proxmox HA (state {ha_state})",
-            "power it through Proxmox HA, or remove it from HA resources, then retry; "
-            "proxyhub does not drive HA-managed VMs",
-        )
-    if config.get("hookscript"):
-        return _refused(
-            preview,
-            f"{label} has a hook script ({config['hookscript']})",
-            "remove the hookscript option from the VM's options in Proxmox, then retry; "
-            "proxyhub does not run power actions through hook scripts",
-        )
+    refused = guard_refusal(
+        vmid, label=label, entry=entry, config=config, status=status, remedies=_REMEDIES
+    )
+    if refused:
+        return _refused(preview, *refused)
     pending = sorted(
         str(item.get("key"))
         for item in api.vm_pending(node, vmid, deadline=deadline)
@@ -262,6 +227,88 @@ _NOT_OURS = (
     "proxyhub powers only the VMs it created for the proxy; if the proxy's VM was replaced, "
     "refresh the proxy and use its new VM"
 )
+
+
+@dataclass(frozen=True)
+class Remedies:
+    """What an operator is told to do about each of seed 001's refusals, in the words of the
+    action refused: a power action here, a drift repair in ``repair.py``. ``{vmid}`` is filled
+    in where it stands."""
+
+    not_ours: str
+    hibernated: str
+    locked: str
+    template: str
+    halted: str
+    ha: str
+    hookscript: str
+
+
+_REMEDIES = Remedies(
+    not_ours=_NOT_OURS,
+    hibernated="resume it in Proxmox (a start there resumes it from disk) or destroy it, then "
+    "retry; proxyhub does not power hibernated VMs",
+    locked="wait for the Proxmox task holding the lock to finish, or clear a stale lock with "
+    "`qm unlock {vmid}`, then retry",
+    template="templates are never powered; pick the proxy's own VM",
+    halted="resume it in Proxmox (`qm resume {vmid}`) or stop it there, then retry",
+    ha="power it through Proxmox HA, or remove it from HA resources, then retry; "
+    "proxyhub does not drive HA-managed VMs",
+    hookscript="remove the hookscript option from the VM's options in Proxmox, then retry; "
+    "proxyhub does not run power actions through hook scripts",
+)
+
+
+def ownership_refusal(
+    req: Target,
+    identity: Identity,
+    *,
+    label: str,
+    lock: object,
+    config: Mapping[str, str],
+    remedies: Remedies,
+    op: str,
+) -> tuple[str, str] | None:
+    """Seed 001's first refusals, first match deciding: a lock (``suspended`` means
+    hibernated; a locked VM's config may be a clone's temporary file, so nothing else about it
+    can be judged), then not ours, then templates. Another VM at our VMID with our name and
+    mark raises ``IdentityMismatch``. The message and what to do, or None."""
+    if lock == "suspended":
+        return f"{label} is hibernated (lock: suspended)", remedies.hibernated
+    if lock:
+        return f"{label} is locked ({lock})", remedies.locked.format(vmid=req.vmid)
+    why = not_ours(req, config)
+    if why:
+        return why, remedies.not_ours
+    check_identity(identity, config, vmid=req.vmid, vm_name=req.vm_name, op=op)
+    if str(config.get("template", "0")) == "1":
+        return f"{label} is a template", remedies.template
+    return None
+
+
+def guard_refusal(
+    vmid: int,
+    *,
+    label: str,
+    entry: Mapping[str, Any],
+    config: Mapping[str, str],
+    status: Mapping[str, Any],
+    remedies: Remedies,
+) -> tuple[str, str] | None:
+    """Seed 001's refusals that guard a lifecycle call, first match deciding: a paused or
+    suspended guest, HA, a hook script. The message and what to do, or None."""
+    st, qmp = str(status.get("status", "")), str(status.get("qmpstatus", ""))
+    if st == "running" and qmp in HALTED:
+        return (
+            f"{label} is {qmp} (QEMU runs, the guest does not)",
+            remedies.halted.format(vmid=vmid),
+        )
+    ha_state = ha_state_of(entry, status)
+    if ha_state:
+        return f"{label} is managed by Proxmox HA (state {ha_state})", remedies.ha
+    if config.get("hookscript"):
+        return f"{label} has a hook script ({config['hookscript']})", remedies.hookscript
+    return None
 
 
 class Target(Protocol):

@@ -34,10 +34,10 @@ from typing import Any
 from .deadline import Deadline
 from .drift import Spec, config_drift, repair_values
 from .errors import ApiError, NotFoundError, PermanentError, TaskFailed, TransientError
-from .identity import Identity, check_identity
+from .identity import Identity
 from .ids import parse_provider_id
 from .power import POWERDOWN_MARGIN, SHUTDOWN_TIMEOUT
-from .power_checks import HALTED, ha_state_of, not_ours
+from .power_checks import Remedies, guard_refusal, ownership_refusal
 from .steps import Progress, StepMachine, StepResult, advance
 
 log = logging.getLogger("proxyhub.proxmox.provider")
@@ -171,46 +171,17 @@ class RepairMachine(StepMachine[RepairRequest]):
         config: Mapping[str, str],
         status: Mapping[str, Any],
     ) -> None:
-        """Seed 001's refusals, first match deciding (``power_checks`` makes the same ones)."""
+        """Seed 001's refusals, first match deciding: the same judgement as a power action's
+        (``power_checks``), told in a repair's words."""
         label = f"VM {req.vmid} ({req.vm_name}) on {node}"
         lock = config.get("lock") or status.get("lock") or entry.get("lock")
-        if lock == "suspended":
-            raise self._refusal(
-                f"{label} is hibernated (lock: suspended)",
-                "resume it in Proxmox or destroy it; proxyhub does not repair hibernated VMs",
-            )
-        if lock:
-            raise self._refusal(
-                f"{label} is locked ({lock})",
-                "wait for the Proxmox task holding the lock to finish, or clear a stale lock "
-                f"with `qm unlock {req.vmid}`; the next reconcile round looks again",
-            )
-        why = not_ours(req, config)
-        if why:
-            raise self._refusal(why, _NOT_OURS)
-        # Another VM at our VMID with our name and mark raises ``IdentityMismatch`` (seed 001).
-        check_identity(req.identity, config, vmid=req.vmid, vm_name=req.vm_name, op=OP)
-        if str(config.get("template", "0")) == "1":
-            raise self._refusal(f"{label} is a template", "templates are never repaired")
-        st, qmp = str(status.get("status", "")), str(status.get("qmpstatus", ""))
-        if st == "running" and qmp in HALTED:
-            raise self._refusal(
-                f"{label} is {qmp} (QEMU runs, the guest does not)",
-                f"resume it in Proxmox (`qm resume {req.vmid}`) or stop it there",
-            )
-        ha_state = ha_state_of(entry, status)
-        if ha_state:
-            raise self._refusal(
-                f"{label} is managed by Proxmox HA (state {ha_state})",
-                "repair it through Proxmox, or remove it from HA resources; proxyhub does "
-                "not restart HA-managed VMs",
-            )
-        if config.get("hookscript"):
-            raise self._refusal(
-                f"{label} has a hook script ({config['hookscript']})",
-                "remove the hookscript option in Proxmox; proxyhub does not restart VMs "
-                "through hook scripts",
-            )
+        refused = ownership_refusal(
+            req, req.identity, label=label, lock=lock, config=config, remedies=_REMEDIES, op=OP
+        ) or guard_refusal(
+            req.vmid, label=label, entry=entry, config=config, status=status, remedies=_REMEDIES
+        )
+        if refused:
+            raise self._refusal(*refused)
 
     @staticmethod
     def _refusal(message: str, remediation: str) -> PermanentError:
@@ -386,6 +357,18 @@ class RepairMachine(StepMachine[RepairRequest]):
 
 
 _NOT_OURS = "proxyhub repairs only the VMs it created for the proxy"
+_REMEDIES = Remedies(
+    not_ours=_NOT_OURS,
+    hibernated="resume it in Proxmox or destroy it; proxyhub does not repair hibernated VMs",
+    locked="wait for the Proxmox task holding the lock to finish, or clear a stale lock with "
+    "`qm unlock {vmid}`; the next reconcile round looks again",
+    template="templates are never repaired",
+    halted="resume it in Proxmox (`qm resume {vmid}`) or stop it there",
+    ha="repair it through Proxmox, or remove it from HA resources; proxyhub does not restart "
+    "HA-managed VMs",
+    hookscript="remove the hookscript option in Proxmox; proxyhub does not restart VMs through "
+    "hook scripts",
+)
 
 
 def _owned(progress: Progress) -> set[str]:
