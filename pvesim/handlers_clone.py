@@ -138,10 +138,7 @@ def vm_clone(ctx: Ctx) -> str:
     allocated: list[tuple[Storage, str]] = []
 
     def cleanup(at: float) -> None:
-        for storage, volname in allocated:
-            storage.volumes.pop(volname, None)
-        if cluster.guests.get(newid) is clone:
-            cluster.remove_guest(newid)
+        cluster.discard_unfinished(clone, allocated)
 
     def run(task: Task, at: float) -> Any:
         task.write(f"creating a clone of VM {vmid} with ID {newid}")

@@ -102,10 +102,7 @@ def vm_create(ctx: Ctx) -> str:
     wall = cluster.wall(ctx.now)
 
     def cleanup(at: float) -> None:
-        for storage, volname in allocated:
-            storage.volumes.pop(volname, None)
-        if cluster.guests.get(vmid) is guest:
-            cluster.remove_guest(vmid)
+        cluster.discard_unfinished(guest, allocated)
 
     def run(task: Task, at: float) -> Any:
         try:

@@ -9,7 +9,7 @@ with ``TASK ERROR: <text>``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -265,6 +265,15 @@ class Cluster:
         if self.guests.pop(vmid, None) is not None:
             self._order = None
             self.access.forget_vm(vmid)
+
+    def discard_unfinished(self, guest: Guest, allocated: Sequence[tuple[Storage, str]]) -> None:
+        """Undo a create or clone whose task failed: the volumes it allocated go, and the guest
+        too while it is still the one that task added (a failed qmcreate or qmclone leaves
+        neither the VM nor its disks)."""
+        for storage, volname in allocated:
+            storage.volumes.pop(volname, None)
+        if self.guests.get(guest.vmid) is guest:
+            self.remove_guest(guest.vmid)
 
     def guests_in_string_order(self) -> list[Guest]:
         """Guests sorted by the *string* of their VMID, as ``/cluster/resources`` lists them."""
