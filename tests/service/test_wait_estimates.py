@@ -77,12 +77,26 @@ def _estimates(sim: Sim) -> dict[tuple[str, str], tuple[float, int]]:
     }
 
 
+def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
+    """Seconds from each task's submission to the first read of its status, by task type, for
+    the calls after ledger entry ``since``."""
+    entries = sim.engine.ledger.calls()[since:]
+    started = {e.upid: e.time for e in entries if e.upid}
+    gaps: dict[str, float] = {}
+    for entry in entries:
+        upid = entry.path_params.get("upid", "") if entry.key == TASK_STATUS else ""
+        if upid in started:
+            kind = upid.split(":")[5]
+            gaps.setdefault(kind, entry.time - started.pop(upid))
+    return gaps
+
+
 def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     pump: Pump, slow_sim: Sim
 ) -> None:
     sim = slow_sim
     assert not _estimates(sim)
-    _, cold_polls, _ = _create(pump, sim, "first")
+    _create(pump, sim, "first")
 
     learned = _estimates(sim)
     # Every task of the create on its node, and the image's boot to address, one sample each
@@ -93,19 +107,24 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     seconds = {key: value[0] for key, value in learned.items()}
     assert seconds[("qmclone", "pve1")] > seconds[("resize", "pve1")], seconds
 
+    warm_from = len(sim.engine.ledger)
     _, warm_polls, warm_agent = _create(pump, sim, "second")
 
     after = _estimates(sim)
     for kind in (*TASKS, "imgdel"):
         assert after[(kind, "pve1")][1] == 2, after
     assert after[(BOOT, "debian-13")][1] == 2
-    # Cold, each wait started at 50 ms and doubled: the 0.6 s clone took several reads. Warm,
-    # the first look comes at the task's expected end (with a margin): the clone is read once,
-    # or twice when a worker's delay lands the look early. The 0.2 s tasks are as long as a
-    # delivery on a busy machine, so their reads vary; fewer are taken in all.
-    assert cold_polls[1] >= 3, cold_polls
+    # Warm, each task's first look is planned at its expected end (with a margin), so it reaches
+    # Proxmox no sooner than the estimate after the task began: a late delivery on a loaded
+    # machine only widens the gap. Cold, the first look was planned 50 ms after the submission;
+    # how many looks that took depends on how late a busy machine delivered them, so the counts
+    # of the cold create are not compared (the first CI run under two lanes read the 0.6 s clone
+    # twice, not the three times an idle machine does).
+    gaps = _first_look_gaps(sim, warm_from)
+    for kind in TASKS:
+        gap = gaps[kind]
+        assert gap >= seconds[(kind, "pve1")], (kind, gap, seconds)
     assert warm_polls[1] <= 2, warm_polls
-    assert warm_polls[0] < cold_polls[0], (cold_polls, warm_polls)
     # The address: the first look waits for the image's expected boot instead of reading at once.
     assert warm_agent <= 2, warm_agent
 
