@@ -8,10 +8,8 @@ its field and nothing is written.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django import forms
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -22,9 +20,6 @@ from provisioning.models import Cluster
 from provisioning.models.choices import RequestedVia
 from provisioning.proxmox.build_inputs import DISK_DEVICES, InputProblem
 from provisioning.services.template_builds import BuildSpec, template_build_start
-
-if TYPE_CHECKING:
-    from .clusters import ClusterAdmin
 
 TEMPLATE = "admin/provisioning/cluster/template_build.html"
 
@@ -50,7 +45,7 @@ class TemplateBuildForm(forms.Form):
 
 
 def template_build_page(
-    model_admin: ClusterAdmin, request: HttpRequest, queryset: QuerySet[Cluster]
+    model_admin: admin.ModelAdmin[Cluster], request: HttpRequest, queryset: QuerySet[Cluster]
 ) -> TemplateResponse | None:
     clusters = list(queryset[:2])
     if len(clusters) != 1:

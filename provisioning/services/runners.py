@@ -30,6 +30,7 @@ from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.release import ReleaseRequest
 from provisioning.proxmox.steps import TIMING, StepResult
+from provisioning.proxmox.template_build import TemplateBuildRequest
 from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait, seen_at
 from provisioning.sealing import SealError
 
@@ -39,7 +40,6 @@ from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 from .seeds import keep_seed_iso
-from .template_builds import build_request
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -159,7 +159,7 @@ def _run_template_build(
 ) -> Outcome:
     """One stage of a template build (issue 14): the machine's record is ``progress.record``;
     the build's inputs, ``progress.build``, never change."""
-    req = build_request(progress["build"])
+    req = TemplateBuildRequest.from_record(progress["build"])
     record = progress.get("record") or provider.new_template_build_progress()
     result = provider.template_build_step(req, record)
     progress["record"] = result.progress
