@@ -2,11 +2,12 @@
 
 Two steps, two URLs. ``bulk-create/`` shows the form (GET) and, on POST, the preview: the exact
 names it will create, the placement and the cloud-init's size and keyed digest, and the plan
-set's hash (issue 14). Nothing is written there. ``bulk-create/confirm/`` is the only state-changing URL: POST only (405 to GET), CSRF
-protected by ``admin_view``, and it writes every proxy through ``plan_confirmation.commit`` in
-one transaction, each with its ``create`` operation sent after commit, only when the plan is still
-the one shown (the hash and the signed shown plan ride along as hidden fields); otherwise it
-refuses naming what changed and writes nothing.
+set's hash (issue 14). Nothing is written there. ``bulk-create/confirm/`` is the only
+state-changing URL: POST only (405 to GET), CSRF protected by ``admin_view``, and it writes
+every proxy through ``plan_confirmation.commit`` in one transaction, each with its ``create``
+operation sent after commit, only when the plan is still the one shown (the hash and the signed
+shown plan ride along as hidden fields); otherwise it refuses naming what changed and writes
+nothing.
 
 The preview carries the cloud-init to the confirm as a token (``provisioning.sealed_tokens``):
 encrypted under a key derived for this purpose only, signed with the requesting user's id and

@@ -164,9 +164,7 @@ def what_changed(shown: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     one line per change, catalogue first, then placement, then the proxies. Never empty when
     the two documents differ."""
     out: list[str] = []
-    if shown.get("format") != now.get("format") or shown.get("planFormat") != now.get(
-        "planFormat"
-    ):
+    if shown.get("format") != now.get("format") or shown.get("planFormat") != now.get("planFormat"):
         out.append("the plan format changed (proxyhub was upgraded); preview again")
     out += _clusters_changed(shown.get("clusters", {}), now.get("clusters", {}))
     out += _keyed_changed(
@@ -184,7 +182,7 @@ def what_changed(shown: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
         shown.get("templates", {}),
         now.get("templates", {}),
         lambda before, after: [f"VM {before} → VM {after}"],
-        label=lambda key: key.replace("@", " on "),
+        label=lambda key: _short_key(key).replace("@", " on "),
     )
     out += _placement_changed(shown.get("placement", {}), now.get("placement", {}))
     out += _proxies_changed(shown.get("proxies", []), now.get("proxies", []))
@@ -254,7 +252,9 @@ def _placement_changed(shown: Mapping[str, Any], now: Mapping[str, Any]) -> list
     return out
 
 
-def _proxies_changed(shown: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]) -> list[str]:
+def _proxies_changed(
+    shown: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]
+) -> list[str]:
     before = {p["name"]: p for p in shown}
     after = {p["name"]: p for p in now}
     out = []
