@@ -65,6 +65,15 @@ def _confirm(client: Any, action: str, proxies: list[Proxy], token: str) -> Any:
         )
 
 
+def _confirmed(pump: Pump, sim: Sim, people: People, action: str) -> Proxy:
+    """A Running proxy whose ``action`` was confirmed on its page; the worker has not run."""
+    (alpha,) = running(pump, sim, "alpha")
+    client = people.client("operator")
+    _, token = _page(client, action, [alpha])
+    _confirm(client, action, [alpha], token)
+    return alpha
+
+
 def _lifecycle_calls(sim: Sim, key: str) -> int:
     return len(sim.engine.ledger.mutations(key=key))
 
@@ -111,10 +120,7 @@ def test_a_config_changed_between_the_page_and_the_confirm_is_not_sent(
 def test_a_config_changed_before_the_worker_runs_is_refused_by_it(
     pump: Pump, sim: Sim, people: People
 ) -> None:
-    (alpha,) = running(pump, sim, "alpha")
-    client = people.client("operator")
-    _, token = _page(client, "shutdown", [alpha])
-    _confirm(client, "shutdown", [alpha], token)
+    alpha = _confirmed(pump, sim, people, "shutdown")
     _edit_behind_our_back(sim, alpha)
     pump.run()
     op = Operation.objects.get(kind=OperationKind.SHUTDOWN)
@@ -128,10 +134,7 @@ def test_a_config_changed_before_the_worker_runs_is_refused_by_it(
 def test_a_config_changed_between_the_intent_and_the_dispatch_is_refused(
     pump: Pump, sim: Sim, people: People
 ) -> None:
-    (alpha,) = running(pump, sim, "alpha")
-    client = people.client("operator")
-    _, token = _page(client, "shutdown", [alpha])
-    _confirm(client, "shutdown", [alpha], token)
+    alpha = _confirmed(pump, sim, people, "shutdown")
     # The intent's read of the node's tasks is the last call before the dispatch's own
     # judgement: the edit lands in between.
     sim.before("GET /nodes/{node}/tasks", lambda call: _edit_behind_our_back(sim, alpha))
@@ -186,11 +189,8 @@ def test_an_unchanged_vm_is_replaced(pump: Pump, sim: Sim, people: People) -> No
 def test_a_config_changed_before_the_replace_runs_keeps_the_vm(
     pump: Pump, sim: Sim, people: People
 ) -> None:
-    (alpha,) = running(pump, sim, "alpha")
+    alpha = _confirmed(pump, sim, people, "replace")
     old_vmid = alpha.vmid
-    client = people.client("operator")
-    _, token = _page(client, "replace", [alpha])
-    _confirm(client, "replace", [alpha], token)
     _edit_behind_our_back(sim, alpha)
     pump.run()
     op = Operation.objects.get(kind=OperationKind.REPLACE)

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 from django.core import signing
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from pump import Pump, Sim, proxy_spec
+from test_admin_bulk import BULK, CONFIRM, _form, _hidden
 from test_admin_support import (
     CLOUD_INIT,
     PROXY_LIST,
@@ -37,36 +37,7 @@ from provisioning.services import operations, plan_confirmation
 
 pytestmark = pytest.mark.django_db
 
-BULK = f"{PROXY_LIST}bulk-create/"
-CONFIRM = f"{BULK}confirm/"
 PLACEMENT = ["--cluster", "pvesim", "--machine-type", "small", "--image", "debian-13"]
-
-
-def _form(sim: Sim, **overrides: Any) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "count": "3",
-        "prefix": "web",
-        "cluster": sim.cluster.pk,
-        "machine_type": "small",
-        "image": "debian-13",
-        "zone": "",
-        "cloud_init_file": SimpleUploadedFile("user-data", CLOUD_INIT.encode()),
-    }
-    data.update(overrides)
-    return data
-
-
-def _hidden(html: str) -> dict[str, str]:
-    import re
-
-    form = html.split('id="bulk-confirm-form"', 1)[1].split("</form>", 1)[0]
-    out = {}
-    for tag in re.findall(r'<input type="hidden"[^>]*>', form):
-        name = re.search(r'name="([^"]+)"', tag).group(1)  # type: ignore[union-attr]
-        value = re.search(r'value="([^"]*)"', tag)
-        if name != "csrfmiddlewaretoken":
-            out[name] = value.group(1) if value else ""
-    return out
 
 
 def _nothing_written(sim: Sim, proxies: int = 0) -> None:
