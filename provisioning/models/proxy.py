@@ -65,6 +65,11 @@ class Proxy(models.Model):
     # until its first config read records the catalogue's figures and the MAC it finds.
     vm_spec = models.JSONField(default=dict, blank=True, editable=False)
     drift = models.JSONField(default=list, blank=True, editable=False)
+    # Issue 14, seed 001 ("configuration digests are additional confirmation conditions"): the
+    # ``digest`` of the VM's config as proxyhub last read it. A confirmation page shows it and
+    # the confirmed action refuses a VM whose config has another digest since; any write of the
+    # config by proxyhub (a create, a drift repair) blanks it, so a stale one is never offered.
+    config_digest = models.CharField(max_length=64, blank=True, editable=False)
     # When the VM's config was last compared with the spec, and the listing's maxcpu/maxmem
     # then ("<cpus>/<bytes>"): reconcile reads a config again only when the listing shows other
     # figures or the comparison is older than the drift recheck interval (``services.drift``).

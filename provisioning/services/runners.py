@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -361,6 +361,7 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
             identity=Identity(
                 str(target.get("smbios_uuid") or ""), str(target.get("vmgenid") or "")
             ),
+            expected_digest=str(progress.get("expected_digest") or ""),
         )
     proxy = _proxy(op)
     return DeleteRequest(
@@ -368,6 +369,7 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
         uid=str(proxy.uid),
         vmid=proxy.vmid,
         identity=recorded_identity(proxy),
+        expected_digest=str(progress.get("expected_digest") or ""),
     )
 
 
@@ -429,8 +431,13 @@ def _run_power(
     proxy = _proxy(op)
     # _RUNNERS sends only the power kinds here, and PowerRequest checks the action again.
     action = cast("Action", str(op.kind))
-    req = PowerRequest.from_provider_id(
-        action, proxy.provider_id, str(proxy.uid), recorded_identity(proxy)
+    req = replace(
+        PowerRequest.from_provider_id(
+            action, proxy.provider_id, str(proxy.uid), recorded_identity(proxy)
+        ),
+        # The digest the confirmation page showed (seed 001, issue 14); judged before the
+        # intent and again right before dispatch.
+        expected_digest=str(progress.get("expected_digest") or ""),
     )
     result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
     progress["power"] = result.progress
@@ -472,7 +479,14 @@ def _run_repair(
     progress["repair"] = result.progress
     if result.status != "done":
         return Outcome(result, progress, {})
-    observed: dict[str, Any] = {"drift": [], "drift_checked_at": now, "drift_listing": ""}
+    # The repair wrote the config: the digest seen before it is stale (issue 14), blanked until
+    # the next read records the new one.
+    observed: dict[str, Any] = {
+        "drift": [],
+        "drift_checked_at": now,
+        "drift_listing": "",
+        "config_digest": "",
+    }
     if not result.details.get("rebooted"):
         return Outcome(result, progress, observed, finished=True)
     # Rebooted: the guest comes back and reports its address again.
@@ -532,7 +546,9 @@ def _nodes_created_on(proxy: Proxy) -> list[str]:
 
 
 # What a proxy whose VM is gone records of its identity: nothing, until a create makes one.
-NO_IDENTITY: dict[str, str] = {"smbios_uuid": "", "vmgenid": ""}
+# With the identity goes the config digest last seen of that VM (issue 14): a digest of a VM
+# that is gone or replaced is never offered on a confirmation page.
+NO_IDENTITY: dict[str, str] = {"smbios_uuid": "", "vmgenid": "", "config_digest": ""}
 
 
 def recorded_identity(proxy: Proxy) -> Identity:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -21,7 +22,14 @@ from django.db import transaction
 
 from provisioning.models import Proxy
 from provisioning.models.choices import Phase, RequestedVia
-from provisioning.services.operations import proxies_create, proxy_power, proxy_request_delete
+from provisioning.proxmox.errors import ClassifiedError
+from provisioning.services import plan_confirmation
+from provisioning.services.operations import (
+    ProxySpec,
+    proxies_create,
+    proxy_power,
+    proxy_request_delete,
+)
 
 from ._progress import Progress
 from ._proxy_specs import cluster_named, names_for_count, specs_from_file, specs_from_flags
@@ -48,7 +56,47 @@ Refused whole when the request declares more than PROXYHUB_MAX_BULK_CREATE proxi
 take a cluster past its quotas (maxProxies, maxConcurrentCreates); the message names the limit.
 
 Prints one line per proxy: its name and uid.
+
+Confirming a plan (seed 003, issue 14):
+
+  --dry-run [--json]   print each proxy's plan (node, template, size) and the plan set's
+                       hash; no Proxmox call, nothing written. --json prints planHash, the
+                       proxies' resolved plans and planSet (the document the hash is over).
+  --plan-hash H        create only if the plan is still H; otherwise exit non-zero, nothing
+                       written.
+  --plan-file F        the JSON the dry run printed: as --plan-hash, and a refusal names what
+                       changed (catalogue, placement, spec).
 """
+
+
+def _confirmation(
+    plan_hash: str | None, plan_file: str | None
+) -> tuple[str, dict[str, Any] | None]:
+    """The hash to commit against, and the shown plan set when a ``--plan-file`` gives one."""
+    if plan_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", plan_hash):
+        raise CommandError("--plan-hash must be 64 lower-case hexadecimal digits")
+    if plan_file is None:
+        assert plan_hash is not None
+        return plan_hash, None
+    try:
+        with open(plan_file, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise CommandError(f"--plan-file {plan_file}: cannot be read as JSON ({err})") from err
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("planHash"), str)
+        or not isinstance(data.get("planSet"), dict)
+    ):
+        raise CommandError(
+            f"--plan-file {plan_file}: expected the JSON of `proxies create --dry-run --json` "
+            "(with planHash and planSet)"
+        )
+    if plan_hash is not None and plan_hash != data["planHash"]:
+        raise CommandError(
+            f"--plan-hash {plan_hash} is not the planHash of --plan-file {plan_file}"
+        )
+    return data["planHash"], data["planSet"]
 
 
 def _pause(seconds: float) -> None:
@@ -84,6 +132,25 @@ class Command(BaseCommand):
             "--zone", metavar="Z", default="", help="a node of the cluster; default: chosen"
         )
         create.add_argument("--cloud-init", metavar="FILE", help="user-data file, sent as is")
+        create.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the plan and its hash; write nothing",
+        )
+        create.add_argument(
+            "--json", action="store_true", help="with --dry-run: print the plan as JSON"
+        )
+        create.add_argument(
+            "--plan-hash",
+            metavar="H",
+            help="create only if the plan is still H (the hash --dry-run printed)",
+        )
+        create.add_argument(
+            "--plan-file",
+            metavar="F",
+            help="the JSON --dry-run --json printed: create only if the plan is still that "
+            "one, and say what changed if not",
+        )
         _key_option(create)
 
         delete = actions.add_parser(
@@ -175,16 +242,56 @@ class Command(BaseCommand):
             elif options["prefix"]:
                 raise CommandError("--prefix goes with --count N")
             specs = specs_from_flags(names, options)
+        if options["json"] and not options["dry_run"]:
+            raise CommandError("--json goes with --dry-run")
+        if options["dry_run"]:
+            if options["plan_hash"] or options["plan_file"]:
+                raise CommandError("--dry-run writes nothing; drop --plan-hash and --plan-file")
+            self._dry_run(specs, as_json=options["json"])
+            return
         try:
-            operations = proxies_create(
-                specs=specs, via=RequestedVia.COMMAND, idempotency_key=options["idempotency_key"]
-            )
+            if options["plan_hash"] or options["plan_file"]:
+                plan_hash, shown = _confirmation(options["plan_hash"], options["plan_file"])
+                operations = plan_confirmation.commit(
+                    specs,
+                    plan_hash=plan_hash,
+                    shown=shown,
+                    via=RequestedVia.COMMAND,
+                    idempotency_key=options["idempotency_key"],
+                )
+            else:
+                operations = proxies_create(
+                    specs=specs,
+                    via=RequestedVia.COMMAND,
+                    idempotency_key=options["idempotency_key"],
+                )
+        except ClassifiedError as err:
+            raise CommandError(f"nothing was created: {err}") from err
         except ValidationError as err:
             raise CommandError(f"nothing was created: {_text(err)}") from err
         width = max(len(op.proxy_name) for op in operations)
         for op in operations:
             assert op.proxy is not None
             self.stdout.write(f"{op.proxy_name:<{width}}  {op.proxy.uid}")
+
+    def _dry_run(self, specs: list[ProxySpec], *, as_json: bool) -> None:
+        """The plan set (seed 003, issue 14): no Proxmox call, nothing written."""
+        try:
+            plan_set = plan_confirmation.plan_set_for(specs)
+        except (ClassifiedError, ValueError) as err:
+            raise CommandError(f"the plan cannot be made: {err}") from err
+        if as_json:
+            self.stdout.write(json.dumps(plan_set.as_dict(), indent=2))
+            return
+        width = max(len(name) for name, _ in plan_set.plans)
+        for name, plan in plan_set.plans:
+            self.stdout.write(
+                f"{name:<{width}}  node {plan.node} ({plan.node_source})  template "
+                f"{plan.template_vmid}  {plan.cores} cores {plan.memory_mib} MiB"
+                + (f" {plan.disk_gib} GiB" if plan.disk_gib else "")
+            )
+        self.stdout.write(f"plan hash {plan_set.plan_hash}")
+        self.stdout.write("nothing was created; run again with --plan-hash to create this plan")
 
     # --- delete ---------------------------------------------------------------------------
 
