@@ -400,8 +400,10 @@ class Control:
         if not all(isinstance(e, str) for e in found):
             raise ControlError("errors: a list of texts")
         if outcome == "errors" and not found:
-            found = ["('scripts_user', RuntimeError('Runparts: 1 failures (part-001) in 1 "
-                     "attempted commands'))"]
+            found = [
+                "('scripts_user', RuntimeError('Runparts: 1 failures (part-001) in 1 "
+                "attempted commands'))"
+            ]
         with self._locked():
             guest = self._guest(vmid)
             guest.cloud_init_outcome = "never" if outcome == "never" else "done"

@@ -17,14 +17,11 @@ from pvesim.protocol import SimRequest
 from pvesim.simulator import Simulator
 
 MISSING = (
-    f"Agent error: failed to open file '{CLOUD_INIT_RESULT}' (mode: 'r'): "
-    "No such file or directory"
+    f"Agent error: failed to open file '{CLOUD_INIT_RESULT}' (mode: 'r'): No such file or directory"
 )
 
 
-def _read_error(
-    api: Api, vmid: int, path: str = CLOUD_INIT_RESULT, node: str = "pve1"
-) -> ApiError:
+def _read_error(api: Api, vmid: int, path: str = CLOUD_INIT_RESULT, node: str = "pve1") -> ApiError:
     with pytest.raises(ApiError) as caught:
         api.agent_file_read(node, vmid, path)
     assert caught.value.status == 500

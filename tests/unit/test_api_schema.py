@@ -181,9 +181,7 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
         lambda a: a.destroy("pve1", 100123, purge=False, destroy_unreferenced_disks=False),
     ],
     "agent_network_interfaces": [lambda a: a.agent_network_interfaces("pve1", 100123)],
-    "agent_file_read": [
-        lambda a: a.agent_file_read("pve1", 100123, "/run/cloud-init/result.json")
-    ],
+    "agent_file_read": [lambda a: a.agent_file_read("pve1", 100123, "/run/cloud-init/result.json")],
     "task_status": [lambda a: a.task_status("pve1", UPID)],
     "node_tasks": [
         lambda a: a.node_tasks("pve1"),
