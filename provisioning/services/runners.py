@@ -123,10 +123,16 @@ def _run_create(
     if result.progress.get("smbios_uuid") or result.progress.get("vmgenid"):
         # Seed 001: recorded as soon as the create made or adopted the VM, so a later create
         # step, observation, power action or delete compares against it.
-        observed.update(
-            smbios_uuid=str(result.progress.get("smbios_uuid") or ""),
-            vmgenid=str(result.progress.get("vmgenid") or ""),
+        found = (
+            str(result.progress.get("smbios_uuid") or ""),
+            str(result.progress.get("vmgenid") or ""),
         )
+        observed.update(smbios_uuid=found[0], vmgenid=found[1])
+        if found != (proxy.smbios_uuid, proxy.vmgenid):
+            # Read from the VM's config by this step (later steps carry it in the record, and
+            # must not date it later). The start comes after, so the first reconcile round
+            # reads the identity once more (reconcile.py, issue 14).
+            observed["identity_checked_at"] = now
     if result.status == "done":
         observed.update(
             phase=Phase.PROVISIONING,
@@ -653,7 +659,7 @@ def _nodes_created_on(proxy: Proxy) -> list[str]:
 
 
 # What a proxy whose VM is gone records of its identity: nothing, until a create makes one.
-NO_IDENTITY: dict[str, str] = {"smbios_uuid": "", "vmgenid": ""}
+NO_IDENTITY: dict[str, Any] = {"smbios_uuid": "", "vmgenid": "", "identity_checked_at": None}
 
 
 def recorded_identity(proxy: Proxy) -> Identity:

@@ -176,9 +176,20 @@ def test_a_vm_restored_and_started_right_after_an_observation_is_caught_at_the_n
 
 
 def test_a_converged_proxy_costs_one_listing_per_round(pump: Pump, sim: Sim) -> None:
+    """After its first round. The create read the identity before it started the VM, so the
+    first round sees a start since that read and reads the config once (issue 14: the price of
+    catching a VM restored right after an observation); from then on, the listing alone."""
     running_fleet(pump, sim, 1, prefix="conv", zone="pve1")
     sim.settle(1.0)
     sim.engine.ledger.clear()
     pump.call(reconcile_round)
     pump.run()
-    assert [e.key for e in sim.engine.ledger.calls()] == ["GET /cluster/resources"]
+    assert [e.key for e in sim.engine.ledger.calls()] == [
+        "GET /cluster/resources",
+        "GET /nodes/{node}/qemu/{vmid}/config",
+    ]
+    for _ in range(2):
+        sim.engine.ledger.clear()
+        pump.call(reconcile_round)
+        pump.run()
+        assert [e.key for e in sim.engine.ledger.calls()] == ["GET /cluster/resources"]

@@ -350,7 +350,6 @@ class Command(BaseCommand):
             progress.line(f"{proxy.name}  {action}  operation {op.pk}")
         self.stdout.write(f"{action}: {_count(len(done), 'proxy', 'proxies')}")
 
-
     # --- accept-vm (seed 001) ---------------------------------------------------------------
 
     def _accept_vm(self, options: Mapping[str, Any]) -> None:
