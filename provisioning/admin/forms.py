@@ -356,7 +356,7 @@ class MachineTypeForm(forms.ModelForm):
 
 
 # A template row's fields in the cluster page's inline: the key, the VMID, seed 003's
-# declaration and the per-node copies (issue 14).
+# declaration, the per-node copies and the cloud-init readiness flag (issue 14).
 TEMPLATE_FIELDS = (
     "key",
     "vmid",
@@ -365,6 +365,7 @@ TEMPLATE_FIELDS = (
     "source_disk_gib",
     "guest_user",
     "copies",
+    "wait_for_cloud_init",
 )
 
 

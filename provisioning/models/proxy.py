@@ -57,6 +57,10 @@ class Proxy(models.Model):
     # action and delete, so a VM restored from backup or re-created at the VMID is never ours.
     smbios_uuid = models.CharField("SMBIOS UUID", max_length=36, blank=True, editable=False)
     vmgenid = models.CharField("vmgenid", max_length=36, blank=True, editable=False)
+    # Seed 001, issue 14: when a read last compared the VM's identity with the recorded one.
+    # A VM the listing shows started after it may be another one (restored, re-created at the
+    # VMID), so reconcile reads its identity again (services/identity_checks.py).
+    identity_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     spec_hash = models.CharField(max_length=64, blank=True, editable=False)
     # Issue 14, drift. What the VM was built with: cores, memoryMiB, bridge, vlanTag (the last
     # two only when the cluster set them) and net0's MAC, recorded when a create made or adopted

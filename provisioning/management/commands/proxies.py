@@ -1,4 +1,5 @@
-"""``manage.py proxies``: create, delete, list, wait for and power proxies (DESIGN.md §7).
+"""``manage.py proxies``: create, delete, list, wait for and power proxies (DESIGN.md §7), and
+accept the VM found at a proxy whose identity does not match (seed 001).
 
 A thin door onto ``provisioning.services.operations``: it parses, checks what an operator typed
 (naming the proxy or the file path of every problem; for ``create``, in ``_proxy_specs``),
@@ -21,12 +22,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from provisioning.models import Proxy
-from provisioning.models.choices import Phase, RequestedVia
+from provisioning.models.choices import ErrorClass, Phase, RequestedVia
 from provisioning.proxmox.errors import ClassifiedError
 from provisioning.services import plan_confirmation
 from provisioning.services.operations import (
     ProxySpec,
     proxies_create,
+    proxy_accept_vm,
     proxy_power,
     proxy_request_delete,
 )
@@ -106,7 +108,8 @@ def _pause(seconds: float) -> None:
 
 class Command(BaseCommand):
     help = (
-        "Manage proxies in bulk: create, delete, list, wait, start, shutdown, reboot. "
+        "Manage proxies in bulk: create, delete, list, wait, start, shutdown, reboot, "
+        "accept-vm. "
         "Run `manage.py proxies ACTION --help` for each action."
     )
 
@@ -169,9 +172,10 @@ class Command(BaseCommand):
             help="list proxies",
             description="List every proxy. --json prints an array of objects with the keys "
             "name, uid, cluster, phase, providerId, vmid, node, ip, lastError, createdAt "
-            "(when Proxmox created the VM, RFC 3339) and drift (what differs from the VM's "
-            "spec: a list of field, want, have; empty when in step); what is not known yet "
-            "is null.",
+            "(when Proxmox created the VM, RFC 3339), drift (what differs from the VM's "
+            "spec: a list of field, want, have; empty when in step) and identity (the VM's "
+            "recorded smbiosUuid and vmgenid, checkedAt, and mismatch: true when the VM found "
+            "is not the one recorded); what is not known yet is null.",
         )
         listing.add_argument("--json", action="store_true", help="print JSON")
 
@@ -207,6 +211,20 @@ class Command(BaseCommand):
             power.add_argument("names", nargs="+", metavar="NAME")
             _key_option(power)
 
+        accept = actions.add_parser(
+            "accept-vm",
+            help="accept the VM found at proxies with an identity mismatch",
+            description="Seed 001: the named proxies are Failed because the VM carrying their "
+            "name and mark is not the one recorded (restored from a backup, or created again "
+            "at the VMID). Accepting says it is theirs: its identity is recorded and each "
+            "proxy is provisioned again on it (started if stopped, its seed ISO attached). "
+            "Refused, and nothing done, when any named proxy shows no identity mismatch. "
+            "--json prints an array of objects with the keys name and operation.",
+        )
+        accept.add_argument("names", nargs="+", metavar="NAME")
+        accept.add_argument("--json", action="store_true", help="print JSON")
+        _key_option(accept)
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "create":
@@ -217,6 +235,8 @@ class Command(BaseCommand):
             self._list(options)
         elif action == "wait":
             self._wait(options)
+        elif action == "accept-vm":
+            self._accept_vm(options)
         else:
             self._power(action, options["names"], options["idempotency_key"])
 
@@ -433,6 +453,42 @@ class Command(BaseCommand):
             progress.line(f"{proxy.name}  {action}  operation {op.pk}")
         self.stdout.write(f"{action}: {_count(len(done), 'proxy', 'proxies')}")
 
+    # --- accept-vm (seed 001) ---------------------------------------------------------------
+
+    def _accept_vm(self, options: Mapping[str, Any]) -> None:
+        """The door the admin action "Accept the VM found…" also opens: one service call per
+        proxy, all in one transaction, so one refusal leaves every proxy as it was."""
+        proxies = _proxies_named(options["names"])
+        key = options["idempotency_key"]
+        done, refused = [], []
+        with transaction.atomic():
+            for proxy in proxies:
+                if proxy.last_error_class != ErrorClass.IDENTITY:
+                    refused.append(
+                        f"{proxy.name}: shows no identity mismatch (phase {proxy.phase}); there "
+                        "is no found VM to accept"
+                    )
+                    continue
+                try:
+                    op = proxy_accept_vm(
+                        proxy=proxy,
+                        via=RequestedVia.COMMAND,
+                        idempotency_key=_key(key, "accept-vm", proxy.name),
+                    )
+                except ValidationError as err:
+                    refused.append(f"{proxy.name}: {_text(err)}")
+                else:
+                    done.append((proxy, op))
+            if refused:
+                raise CommandError(f"accept-vm refused, nothing was done: {'; '.join(refused)}")
+        if options["json"]:
+            rows = [{"name": p.name, "operation": str(op.pk)} for p, op in done]
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        for proxy, op in done:
+            self.stdout.write(f"{proxy.name}  accept-vm  operation {op.pk}")
+        self.stdout.write(f"accepted: {_count(len(done), 'proxy', 'proxies')}")
+
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -482,7 +538,8 @@ def _as_json(proxy: Proxy) -> dict[str, Any]:
     """One proxy in ``list --json``'s contract (DESIGN.md §7): exactly these keys; what is not
     known yet is null. ``createdAt`` is when Proxmox created the VM (from its mark, seed 000
     entry 8), as DESIGN.md §4 lists it among the observed fields. ``drift`` (issue 14, added
-    beside the contract's keys) lists what differs from the VM's spec."""
+    beside the contract's keys) lists what differs from the VM's spec; ``identity`` is seed
+    001's."""
     return {
         "name": proxy.name,
         "uid": str(proxy.uid),
@@ -498,6 +555,14 @@ def _as_json(proxy: Proxy) -> dict[str, Any]:
             {"field": d.get("field"), "want": d.get("want"), "have": d.get("have")}
             for d in proxy.drift or []
         ],
+        # Seed 001 (issue 14, added beside the contract's keys): the identity recorded for the
+        # VM, when a read last compared it, and whether the VM found is another one.
+        "identity": {
+            "smbiosUuid": proxy.smbios_uuid or None,
+            "vmgenid": proxy.vmgenid or None,
+            "checkedAt": _rfc3339(proxy.identity_checked_at),
+            "mismatch": proxy.last_error_class == ErrorClass.IDENTITY,
+        },
     }
 
 
