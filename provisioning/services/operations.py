@@ -577,7 +577,7 @@ def _supersede(
 
 def _past_ceiling(op: Operation) -> bool:
     """Whether ``op`` is older than its kind allows: its next delivery would end it."""
-    return db_now() - op.created_at > policy.ceiling_for(op.kind).age
+    return policy.age_of(op, db_now()) > policy.ceiling_for(op.kind).age
 
 
 def _inputs_hash(*parts: object) -> str:

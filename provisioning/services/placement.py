@@ -31,6 +31,8 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.errors import PermanentError, TransientError
 from provisioning.proxmox.placement import resolve_zone
 
+from .maintenance import nodes_paused
+
 MIB = 1024**2
 
 
@@ -68,6 +70,10 @@ def choose_node(cluster: Cluster, config: ProxmoxConfig) -> str:
     if len(nodes) > 1 and getattr(settings, "PROXYHUB_ZONE_REQUIRED", False):
         # The seed's rule (entry 3), for a proxy declared before the setting was turned on.
         resolve_zone(config, "")
+    # Issue 14: a node in maintenance takes no new VM while another node can; when every node
+    # is in maintenance the choice stands and the create's next write waits for the switch.
+    _, paused = nodes_paused(cluster.pk)
+    nodes = [node for node in nodes if node not in paused] or nodes
     health = _node_health(cluster)
     if not any(node in health for node in nodes):
         if len(nodes) == 1:
