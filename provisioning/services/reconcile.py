@@ -16,9 +16,9 @@ What a round does per idle proxy (no operation running):
   sets them back (``proxmox/repair.py``). When the config is read for drift is
   ``services/drift.py``'s rule, which keeps a converged round at one listing.
 Where maintenance is on (issue 14, ``services/maintenance.py``) a round observes and records as
-usual but starts nothing. Proxies latched ``Failed`` are left for an operator, and so is a power action or replace whose
-latest try failed: the proxy shows why, and the next try is the operator's (every retry has a
-ceiling; reconcile's is one).
+usual but starts nothing. Proxies latched ``Failed`` are left for an operator, and so is a power
+action or replace whose latest try failed: the proxy shows why, and the next try is the
+operator's (every retry has a ceiling; reconcile's is one).
 
 **Decisions on fresh state** (issue 10). A listing can take seconds to minutes; meanwhile an
 operator may shut a proxy down, replace it or retry it. So the snapshot only nominates: every
