@@ -20,7 +20,6 @@ from test_admin_support import People, people_fixture  # noqa: F401
 
 from provisioning.models import GcRound, MaintenanceWindow, Operation, Proxy
 from provisioning.models.choices import DriftPolicy, OperationKind, OperationState, Phase
-from provisioning.proxmox.api import Call
 from provisioning.services import driver, operations
 from provisioning.services.clock import db_now
 from provisioning.services.cluster_bootstrap import BootstrapInputError, cluster_bootstrap
