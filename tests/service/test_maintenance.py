@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 from pump import Pump, Sim, proxy_spec, running_fleet
-from test_admin_support import People, people_fixture  # noqa: F401
+from test_admin_support import People, people_fixture, posting  # noqa: F401
 
 from provisioning.models import GcRound, MaintenanceWindow, Operation, Proxy
 from provisioning.models.choices import DriftPolicy, OperationKind, OperationState, Phase
@@ -355,3 +355,44 @@ def test_every_admin_page_shows_the_banner_while_maintenance_is_on(
     pump.call(maintenance_end, cluster=sim.cluster, node="pve1")
     for page in pages:
         assert b"Maintenance is on" not in client.get(page).content
+
+
+def _cluster_action(action: str, sim: Sim, **extra: str) -> dict[str, str]:
+    return {"action": action, "_selected_action": str(sim.cluster.pk), **extra}
+
+
+def test_the_cluster_actions_need_the_permission_and_turn_it_on_and_off(
+    pump: Pump, sim: Sim, people: People
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    url = "/admin/provisioning/cluster/"
+    start = _cluster_action("start_maintenance", sim, post="yes", node="pve1", reason="disk swap")
+    # An operator without the permission is not offered it, and a forged POST is refused.
+    operator = people.client("operator")
+    assert b"start_maintenance" not in operator.get(url).content
+    assert operator.post(url, start).status_code == 403
+    assert not MaintenanceWindow.objects.exists()
+
+    people.operator.user_permissions.add(Permission.objects.get(codename="change_maintenance"))
+    operator = people.client("operator")
+    form = operator.post(url, _cluster_action("start_maintenance", sim))
+    assert b'name="reason"' in form.content and b"pve2" in form.content
+    bad = operator.post(url, {**start, "reason": ""})
+    assert bad.status_code == 200 and not MaintenanceWindow.objects.exists()
+    operator.post(url, start)
+    window = MaintenanceWindow.objects.get()
+    assert (window.node, window.reason, window.started_by) == ("pve1", "disk swap", "olivia")
+
+    # An operation it holds says so in the journal's list.
+    pump.call(operations.proxy_create, spec=proxy_spec(sim, "m0", zone="pve1"))
+    _run_due(pump)
+    journal = operator.get("/admin/provisioning/operation/").content.decode()
+    assert "waiting for maintenance" in journal
+
+    with posting():
+        operator.post(url, _cluster_action("end_maintenance", sim))
+    assert not MaintenanceWindow.objects.exists()
+    _drop_stale(pump)
+    pump.run()
+    assert Proxy.objects.get().phase == Phase.RUNNING
