@@ -388,7 +388,7 @@ def test_the_cluster_actions_need_the_permission_and_turn_it_on_and_off(
     pump.call(operations.proxy_create, spec=proxy_spec(sim, "m0", zone="pve1"))
     _run_due(pump)
     journal = operator.get("/admin/provisioning/operation/").content.decode()
-    assert "waiting for maintenance" in journal
+    assert '<span class="ph-badge ph-warn">waiting for maintenance</span>' in journal
 
     with posting():
         operator.post(url, _cluster_action("end_maintenance", sim))
