@@ -73,7 +73,9 @@ class Blocking:
 
 
 def recheck_seconds() -> float:
-    return max(1.0, float(getattr(settings, "PROXYHUB_MAINTENANCE_RECHECK_SECONDS", 15.0)))
+    return max(
+        1.0, float(getattr(settings, "PROXYHUB_MAINTENANCE_RECHECK_SECONDS", RECHECK_SECONDS))
+    )
 
 
 # --- the selector: cheap, it runs before every step ------------------------------------------
