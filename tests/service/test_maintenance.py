@@ -396,3 +396,43 @@ def test_the_cluster_actions_need_the_permission_and_turn_it_on_and_off(
     _drop_stale(pump)
     pump.run()
     assert Proxy.objects.get().phase == Phase.RUNNING
+
+
+def test_a_template_build_waits_for_its_node_like_an_operation(pump: Pump, sim: Sim) -> None:
+    from provisioning.models import Template
+    from provisioning.models.choices import RequestedVia
+    from provisioning.services.template_builds import BuildSpec, template_build_start
+    from tests.support.imageserver import image_server
+
+    with image_server(b"cloud-image" * 200) as served:
+        spec = BuildSpec(
+            key="debian-13-built",
+            node="pve1",
+            image_url=served.url(),
+            checksum=served.checksum,
+            vmid=9100,
+            storage="local-lvm",
+            bridge="vmbr0",
+            template_version="debian-13-genericcloud-20261016",
+            guest_user="debian",
+        )
+        _on(sim, "pve1")
+        sim.engine.ledger.clear()
+        (op,) = pump.call(
+            template_build_start,
+            cluster=sim.cluster,
+            spec=spec,
+            user=None,
+            via=RequestedVia.COMMAND,
+        )
+        _run_due(pump)
+        assert sim.engine.ledger.mutations() == []
+        op.refresh_from_db()
+        assert op.state == OperationState.WAITING and op.last_error.startswith(
+            "waiting for maintenance on pve1"
+        )
+        _off(pump, sim, "pve1")
+        pump.run()
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    assert Template.objects.filter(key="debian-13-built").exists()
