@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -29,13 +28,13 @@ from provisioning.services.maintenance import (
     maintenance_start,
 )
 
+from .action_form import action_form_page, only_one, posted
 from .common import APP
 
 if TYPE_CHECKING:
     from .clusters import ClusterAdmin
 
 MAINTENANCE = f"{APP}.change_maintenance"
-TEMPLATE = "admin/provisioning/cluster/maintenance.html"
 
 
 class MaintenanceForm(forms.Form):
@@ -55,13 +54,10 @@ class MaintenanceForm(forms.Form):
 def maintenance_start_page(
     model_admin: ClusterAdmin, request: HttpRequest, queryset: QuerySet[Cluster]
 ) -> TemplateResponse | None:
-    clusters = list(queryset[:2])
-    if len(clusters) != 1:
-        model_admin.message_user(request, "Select exactly one cluster.", messages.ERROR)
+    cluster = only_one(model_admin, request, queryset)
+    if cluster is None:
         return None
-    cluster = clusters[0]
-    posted = request.POST if request.POST.get("post") == "yes" else None
-    form = MaintenanceForm(posted, cluster=cluster)
+    form = MaintenanceForm(posted(request), cluster=cluster)
     if form.is_bound and form.is_valid():
         try:
             window = maintenance_start(
@@ -85,18 +81,18 @@ def maintenance_start_page(
                 messages.SUCCESS,
             )
             return None
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.model._meta,
-        "title": f"Start maintenance on {cluster.name}",
-        "intro": "While maintenance is on, proxyhub writes nothing to the cluster (or the node): "
+    return action_form_page(
+        model_admin,
+        request,
+        target=cluster,
+        form=form,
+        action="start_maintenance",
+        title=f"Start maintenance on {cluster.name}",
+        intro="While maintenance is on, proxyhub writes nothing to the cluster (or the node): "
         "operations wait and show why, reconcile and GC start nothing there. Ending it resumes "
         "what waited.",
-        "form": form,
-        "cluster": cluster,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-    }
-    return TemplateResponse(request, TEMPLATE, context)
+        submit="Start maintenance",
+    )
 
 
 def maintenance_end_all(

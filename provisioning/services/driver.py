@@ -110,7 +110,10 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
         op.started_at = now
     blocking = maintenance.operation_blocking(op)
     if blocking is not None:
-        maintenance.operation_pause(operation=op, claim=claim, blocking=blocking, now=now)
+        # Not failed, not counted, not aged (policy.age_of); the slots it kept for this step go
+        # to whoever waits for them, since it submits nothing until the switch is off.
+        updates = maintenance.pause_updates(op, blocking, now)
+        _defer(op, claim, now, maintenance.recheck_seconds(), updates=updates, release_slots=True)
         return
     maintenance.operation_unpause(operation=op, now=now)
     ceiling = policy.ceiling_for(op.kind)
@@ -263,10 +266,21 @@ def _another_step_running(op: Operation, now: datetime) -> bool:
     )
 
 
-def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "") -> None:
-    """Give the claim back and look again after ``delay``: nothing ran, nothing counts."""
+def _defer(
+    op: Operation,
+    claim: str,
+    now: datetime,
+    delay: float,
+    note: str = "",
+    *,
+    updates: dict[str, Any] | None = None,
+    release_slots: bool = False,
+) -> None:
+    """Give the claim back and look again after ``delay``: nothing ran, nothing counts.
+    ``updates``: more for the row (a maintenance pause's state and note); ``release_slots``:
+    give back the task slots it kept, for a wait that may be long."""
     token = secrets.token_hex(8)
-    updates: dict[str, Any] = {
+    row: dict[str, Any] = {
         "claim_token": "",
         "claim_expires_at": None,
         "dispatch_token": token,
@@ -275,9 +289,12 @@ def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "
         "redispatches": 0,
     }
     if note:
-        updates["last_error"] = note
+        row["last_error"] = note
+    row.update(updates or {})
     with transaction.atomic():
-        if Operation.objects.filter(pk=op.pk, claim_token=claim).update(**updates):
+        if Operation.objects.filter(pk=op.pk, claim_token=claim).update(**row):
+            if release_slots:
+                slots.slots_keep(operation=op, keys=(), now=now)
             dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
 
 

@@ -4,7 +4,8 @@ nothing there.
 An operator turns it on before working on a node (a kernel update, a disk swap) or on the whole
 cluster, with a reason every admin page shows on a banner. While it is on:
 
-* every operation step that would write to a paused node waits (``operation_pause``), before
+* every operation step that would write to a paused node waits (the driver defers it with
+  ``pause_updates``), before
   its ceiling, circuit, lease or slot are looked at: the operation is ``waiting`` with a note
   that names the switch, is looked at again every ``PROXYHUB_MAINTENANCE_RECHECK_SECONDS``, and
   the pause does not count toward its age ceiling (``Operation.paused_seconds``). A step whose
@@ -23,7 +24,7 @@ import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -234,34 +235,17 @@ def operation_blocking(op: Operation) -> Blocking | None:
     return maintenance_blocking(op.cluster_id, nodes)
 
 
-def operation_pause(*, operation: Operation, claim: str, blocking: Blocking, now: datetime) -> None:
-    """Give the claim back and look again after the re-check interval: nothing ran, nothing
-    counts, and the operation shows why it waits. The pause starts now unless it already ran."""
-    delay = recheck_seconds()
-    token = secrets.token_hex(8)
-    updates: dict[str, Any] = {
-        "claim_token": "",
-        "claim_expires_at": None,
-        "dispatch_token": token,
-        "dispatched_at": now,
-        "next_step_at": now + timedelta(seconds=delay),
-        "redispatches": 0,
-        "state": OperationState.WAITING,
-        "last_error": blocking.note(),
-    }
+def pause_updates(operation: Operation, blocking: Blocking, now: datetime) -> dict[str, Any]:
+    """What a paused operation's row shows besides its deferral: ``waiting``, the switch's note,
+    and when the pause began (unless it already ran)."""
+    updates: dict[str, Any] = {"state": OperationState.WAITING, "last_error": blocking.note()}
     if operation.paused_since is None:
         updates["paused_since"] = now
-    with transaction.atomic():
-        if Operation.objects.filter(pk=operation.pk, claim_token=claim).update(**updates):
-            # A paused step has no task in flight: the slots it kept for its next step go to
-            # whoever waits for them (a clone's slot is the template's node, which may be
-            # outside maintenance) and are taken again when the switch is off.
-            slots.slots_keep(operation=operation, keys=(), now=now)
-            dispatch.send_after_commit(str(operation.pk), token, delay, operation.trace_parent)
     log.info(
         "step waits for maintenance",
         extra={"operation": str(operation.pk), "target": blocking.target},
     )
+    return updates
 
 
 def operation_unpause(*, operation: Operation, now: datetime) -> None:

@@ -20,7 +20,7 @@ from test_admin_support import People, people_fixture, posting  # noqa: F401
 
 from provisioning.models import GcRound, MaintenanceWindow, Operation, Proxy
 from provisioning.models.choices import DriftPolicy, OperationKind, OperationState, Phase
-from provisioning.services import driver, operations
+from provisioning.services import operations
 from provisioning.services.clock import db_now
 from provisioning.services.cluster_bootstrap import BootstrapInputError, cluster_bootstrap
 from provisioning.services.gc import gc_run
@@ -44,22 +44,7 @@ def _slow_recheck(settings: Any) -> None:
 
 
 def _run_due(pump: Pump, horizon: float = 5.0) -> int:
-    """Deliver the messages due within ``horizon`` seconds, leaving later ones (a paused step's
-    re-check) queued: the pump's ``run`` would wait them out."""
-    count = 0
-    while pump.queue and pump.queue[0].due <= time.monotonic() + horizon:
-        message = heapq.heappop(pump.queue)
-        pause = message.due - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        pump.call(
-            driver.operation_run_step,
-            operation_id=message.operation_id,
-            token=message.token,
-            trace_parent=message.trace_parent,
-        )
-        count += 1
-    return count
+    return pump.run_due(horizon)
 
 
 def _drop_stale(pump: Pump) -> None:
