@@ -9,11 +9,9 @@ delete wins over a create still running, for example.
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import logging
-import os
 import re
 import secrets
 from collections import Counter
@@ -45,6 +43,7 @@ from provisioning.proxmox.placement import resolve_machine_type, resolve_templat
 
 from . import dispatch, policy, quotas, tracing
 from .clock import db_now
+from .requesters import requester_name
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User as AuthUser
@@ -493,7 +492,7 @@ def operation_for_template_build(
         proxy_name=name[: Operation._meta.get_field("proxy_name").max_length],
         cluster=cluster,
         requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
-        requested_by_name=_requester_name(user, via),
+        requested_by_name=requester_name(user, via),
         requested_via=via,
         progress={"build": build},
     )
@@ -522,7 +521,7 @@ def _start(
         # An authenticated user is an instance of AUTH_USER_MODEL (auth.User here); the stubs
         # type request.user as AbstractBaseUser and cannot know that.
         requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
-        requested_by_name=_requester_name(user, via),
+        requested_by_name=requester_name(user, via),
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,
@@ -538,19 +537,6 @@ def _confirmed(expected_digest: str) -> dict[str, Any] | None:
     if not re.fullmatch(r"[0-9a-f]{1,64}", expected_digest):
         raise ValidationError({"expected_digest": "must be the hexadecimal digest shown"})
     return {"expected_digest": expected_digest}
-
-
-def _requester_name(user: User, via: str) -> str:
-    """Who asked, as text for the audit: the console user's name; for a command, the
-    operating-system user who ran it."""
-    if user is not None and user.is_authenticated:
-        return str(user.get_username())[:150]
-    if via == RequestedVia.COMMAND:
-        try:
-            return getpass.getuser()[:150]
-        except (KeyError, OSError):  # no name for this uid (a container's bare uid)
-            return f"uid {os.getuid()}"
-    return ""
 
 
 def _new_operation(**fields: Any) -> Operation:
@@ -616,7 +602,7 @@ def _supersede(
 
 def _past_ceiling(op: Operation) -> bool:
     """Whether ``op`` is older than its kind allows: its next delivery would end it."""
-    return db_now() - op.created_at > policy.ceiling_for(op.kind).age
+    return policy.age_of(op, db_now()) > policy.ceiling_for(op.kind).age
 
 
 def _inputs_hash(*parts: object) -> str:

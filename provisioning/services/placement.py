@@ -32,6 +32,8 @@ from provisioning.proxmox.errors import PermanentError, TransientError
 from provisioning.proxmox.node_choice import NodeLoad, PlacementInputs, pick_node
 from provisioning.proxmox.placement import resolve_zone
 
+from .maintenance import nodes_paused
+
 MIB = 1024**2
 
 
@@ -89,7 +91,11 @@ def place(cluster: Cluster, inputs: PlacementInputs) -> str:
 def placement_inputs(cluster: Cluster, config: ProxmoxConfig) -> PlacementInputs:
     """Everything placement reads about ``cluster``'s nodes, in a fixed number of queries
     however many proxies are placed from it (issue 14: read once per preview)."""
-    nodes = list(config.nodes)
+    # Issue 14: a node in maintenance takes no new VM while another node can; when every node
+    # is in maintenance the choice stands and the create's next write waits for the switch.
+    # Read here, the switch is one of the inputs a confirmed plan is bound to.
+    _, paused = nodes_paused(cluster.pk)
+    nodes = [node for node in config.nodes if node not in paused] or list(config.nodes)
     health = _node_health(cluster)
     if len(nodes) == 1 and not health:
         # The only node, nothing known of it: nothing to rank, nothing more to read.

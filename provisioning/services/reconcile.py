@@ -15,9 +15,10 @@ What a round does per idle proxy (no operation running):
   recorded on the proxy; under the cluster's ``repair`` drift policy a ``repair`` operation
   sets them back (``proxmox/repair.py``). When the config is read for drift is
   ``services/drift.py``'s rule, which keeps a converged round at one listing.
-Proxies latched ``Failed`` are left for an operator, and so is a power action or replace whose
-latest try failed: the proxy shows why, and the next try is the operator's (every retry has a
-ceiling; reconcile's is one).
+Where maintenance is on (issue 14, ``services/maintenance.py``) a round observes and records as
+usual but starts nothing. Proxies latched ``Failed`` are left for an operator, and so is a power
+action or replace whose latest try failed: the proxy shows why, and the next try is the
+operator's (every retry has a ceiling; reconcile's is one).
 
 **Decisions on fresh state** (issue 10). A listing can take seconds to minutes; meanwhile an
 operator may shut a proxy down, replace it or retry it. So the snapshot only nominates: every
@@ -56,7 +57,7 @@ from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
 from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.observe import Instance
 
-from . import circuit, drift, operations
+from . import circuit, drift, maintenance, operations
 from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
@@ -358,9 +359,20 @@ def _apply(snapshot: Proxy, decision: Decision) -> str:
             Proxy.objects.filter(pk=proxy.pk).update(**observed)
             for name, value in observed.items():
                 setattr(proxy, name, value)
+        if decision.kind and _in_maintenance(proxy):
+            # Issue 14: observed, recorded, and nothing started; the round after the switch
+            # is off decides again on the state it then finds.
+            return "maintenance"
         if decision.kind:
             operations.proxy_converge(proxy=proxy, kind=decision.kind, reason=decision.reason)
     return decision.name
+
+
+def _in_maintenance(proxy: Proxy) -> bool:
+    """Whether the node the operation would write to (the VM's, else the proxy's zone; none
+    for a create still to be placed) or the whole cluster is in maintenance."""
+    node = proxy.node or proxy.zone
+    return maintenance.maintenance_blocking(proxy.cluster_id, node or ()) is not None
 
 
 def _stale(snapshot: Proxy, now: Proxy) -> bool:
