@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from pump import Pump, Sim, running_fleet
+from pump import Pump, Sim, past_first_identity_reads, running_fleet
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import DriftPolicy, OperationKind, OperationState, Phase
@@ -160,6 +160,7 @@ def test_a_converged_round_costs_one_listing_and_a_listing_change_one_read(
     the listing shows (memory, hot-plugged) costs that VM one config read, and once explained
     it costs nothing again."""
     proxies = running_fleet(pump, sim, 4, zone="pve1")
+    past_first_identity_reads(pump, sim)
     sim.engine.ledger.clear()
     assert pump.call(reconcile_round)["converged"] == 4
     assert len(sim.engine.ledger.calls()) == 1  # the listing
@@ -191,6 +192,7 @@ def test_the_rotation_reads_a_bounded_share_of_the_fleet_per_round(
     pump: Pump, sim: Sim, settings: Any
 ) -> None:
     running_fleet(pump, sim, 4, zone="pve1")
+    past_first_identity_reads(pump, sim)
     _due_every_round(settings)
     settings.PROXYHUB_DRIFT_ROTATION_SHARE = 0.25
     sim.engine.ledger.clear()
