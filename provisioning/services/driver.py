@@ -128,9 +128,11 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
         return
     need = slots.need_of(op)
+    held: list[slots.Held] | None = None
     if need.keys:
         # A step about to submit a task first takes a slot of its node (services.slots).
-        waiting_for = slots.slots_take(operation=op, need=need, now=now)
+        held = slots.slots_held(operation=op)
+        waiting_for = slots.slots_take(operation=op, need=need, now=now, held=held)
         if waiting_for is not None:
             slots.slot_wait(operation=op, claim=claim, key=waiting_for, now=now)
             return
@@ -142,8 +144,9 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
         outcome = _attempt(op)
         span.ended(outcome)
     seconds = time.monotonic() - started
-    _persist(op, claim, outcome, db_now(), seconds)
-    _record_reachability(op, outcome, breaker, seconds)
+    ended = db_now()
+    _persist(op, claim, outcome, ended, seconds, held=held)
+    _record_reachability(op, outcome, breaker, seconds, ended)
     _learn_duration(op, outcome)
 
 
@@ -274,12 +277,16 @@ def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "
 
 
 def _record_reachability(
-    op: Operation, outcome: Outcome, breaker: CircuitBreaker | None, seconds: float
+    op: Operation,
+    outcome: Outcome,
+    breaker: CircuitBreaker | None,
+    seconds: float,
+    now: datetime,
 ) -> None:
+    """``now``: when the step's answer came back (the journal's time of the step)."""
     if op.cluster_id is None:
         return
     error = outcome.result.error if outcome.result.status == "error" else None
-    now = db_now()
     if error is not None and error.unreachable:
         circuit.circuit_record_failure(
             cluster_id=op.cluster_id, error=str(error), now=now, seconds=seconds
@@ -304,27 +311,26 @@ def _learn_duration(op: Operation, outcome: Outcome) -> None:
 # --- the journal -------------------------------------------------------------------------
 
 
-def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float) -> None:
+def _persist(
+    op: Operation,
+    claim: str,
+    outcome: Outcome,
+    now: datetime,
+    seconds: float,
+    *,
+    held: list[slots.Held] | None = None,
+) -> None:
+    """Journal the step and apply what it changed, in one transaction under the proxy's row
+    lock; ``held``: the slots the step found held (``slots.slots_take``), None to read them."""
     result = outcome.result
     token = ""
     delay = 0.0
-    finished = False
     with transaction.atomic():
         if op.proxy_id is not None:
             # Lock order: the proxy row first, then its operations, as the intent services
             # do (proxy_request_delete and friends); the other order deadlocks on PostgreSQL.
             list(Proxy.objects.select_for_update().filter(pk=op.proxy_id).values_list("pk"))
-        still_ours = Operation.objects.filter(
-            pk=op.pk, claim_token=claim, state__in=ACTIVE_STATES
-        ).exists()
         journal_step(op, outcome, now)
-        if not still_ours:
-            # Superseded while the step ran: keep the receipt above, apply nothing else.
-            slots.slots_keep(operation=op, keys=(), now=now)
-            Operation.objects.filter(pk=op.pk, claim_token=claim).update(
-                claim_token="", claim_expires_at=None
-            )
-            return
         updates: dict[str, Any] = {
             "progress": outcome.progress,
             "claim_token": "",
@@ -352,10 +358,6 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 state=OperationState.WAITING if result.status == "wait" else OperationState.RUNNING,
             )
         finished = updates["state"] in (OperationState.SUCCEEDED, OperationState.FAILED)
-        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
-        slots.slots_keep(
-            operation=op, keys=() if finished else _slots_to_keep(op, outcome), now=now
-        )
         if not finished:
             token = secrets.token_hex(8)
             updates.update(
@@ -364,7 +366,25 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 dispatched_at=now,
                 redispatches=0,
             )
-        Operation.objects.filter(pk=op.pk).update(**updates)
+        # Applied only while the claim is still ours and the operation unfinished: the row
+        # count says whether it was superseded while the step ran (decided under the proxy's
+        # lock, on the operation's row itself).
+        if not Operation.objects.filter(
+            pk=op.pk, claim_token=claim, state__in=ACTIVE_STATES
+        ).update(**updates):
+            # Superseded: keep the receipt journalled above, apply nothing else.
+            slots.slots_keep(operation=op, keys=(), now=now, held=held)
+            Operation.objects.filter(pk=op.pk, claim_token=claim).update(
+                claim_token="", claim_expires_at=None
+            )
+            return
+        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
+        slots.slots_keep(
+            operation=op,
+            keys=() if finished else _slots_to_keep(op, outcome),
+            now=now,
+            held=held,
+        )
         if outcome.template is not None and updates["state"] == OperationState.SUCCEEDED:
             # Issue 14: the catalogue records the template in the commit that ends its build.
             op.progress = outcome.progress

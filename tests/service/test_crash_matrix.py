@@ -211,15 +211,15 @@ class Crash:
         persist = driver._persist
 
         def dying(
-            op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float
+            op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float, **kw: Any
         ) -> None:
             if not (self.armed and _is(outcome, step, status, finished)):
-                persist(op, claim, outcome, now, seconds)
+                persist(op, claim, outcome, now, seconds, **kw)
                 return
             # The outer block stands for the connection that dies before COMMIT: it takes back
             # the journal rows and the message registered to go after the commit.
             with transaction.atomic():
-                persist(op, claim, outcome, now, seconds)
+                persist(op, claim, outcome, now, seconds, **kw)
                 self._die()
 
         self.monkeypatch.setattr(driver, "_persist", dying)
@@ -232,15 +232,15 @@ class Crash:
         send = dispatch.send_after_commit
 
         def dying(
-            op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float
+            op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float, **kw: Any
         ) -> None:
             if not (self.armed and _is(outcome, step, status, False)):
-                persist(op, claim, outcome, now, seconds)
+                persist(op, claim, outcome, now, seconds, **kw)
                 return
             lost: list[tuple[Any, ...]] = []
             self.monkeypatch.setattr(dispatch, "send_after_commit", lambda *args: lost.append(args))
             try:
-                persist(op, claim, outcome, now, seconds)
+                persist(op, claim, outcome, now, seconds, **kw)
             finally:
                 self.monkeypatch.setattr(dispatch, "send_after_commit", send)
             assert lost, f"{step} committed without a next message to lose"

@@ -611,18 +611,18 @@ class ControlLoop(RuleBasedStateMachine):
         rolled back, as a dead connection's is) and after (committed, the next message never
         sent)."""
 
-        def persisting(*args: Any) -> None:
+        def persisting(*args: Any, **kwargs: Any) -> None:
             seam = self.kill.seam if self.delivering and self.kill else ""
             if seam == "before the commit":
                 with transaction.atomic():
-                    persist(*args)
+                    persist(*args, **kwargs)
                     self.at_seam(seam)
             elif seam == "after the commit":
                 with mock.patch.object(dispatch, "send_after_commit", lambda *a, **k: None):
-                    persist(*args)
+                    persist(*args, **kwargs)
                 self.at_seam(seam)
             else:
-                persist(*args)
+                persist(*args, **kwargs)
 
         return persisting
 
