@@ -47,7 +47,7 @@ def proxy_lease_take(*, operation: Operation) -> bool:
     # The fast path: a lease already ours stays ours while we are unfinished, and we are
     # (our delivery holds the claim of an active operation). The driver reads the proxy with
     # the operation, after taking the claim: that row answers without another query.
-    if Operation.proxy.is_cached(operation):  # type: ignore[attr-defined]
+    if Operation.proxy.is_cached(operation):
         if operation.proxy is not None and operation.proxy.lease_operation_id == operation.pk:
             return True
     elif Proxy.objects.filter(pk=proxy_id, lease_operation=operation.pk).exists():

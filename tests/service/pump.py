@@ -183,19 +183,23 @@ class Pump:
         while self.queue:
             if count >= max_deliveries or time.monotonic() > deadline:
                 raise AssertionError(f"the pump did not drain: {len(self.queue)} messages left")
-            message = heapq.heappop(self.queue)
-            pause = message.due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            self.call(
-                driver.operation_run_step,
-                operation_id=message.operation_id,
-                token=message.token,
-                trace_parent=message.trace_parent,
-            )
+            self.deliver_one()
             count += 1
-        self.delivered += count
         return count
+
+    def deliver_one(self) -> None:
+        """Deliver the next message (waiting out its countdown), whatever else is queued."""
+        message = heapq.heappop(self.queue)
+        pause = message.due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        self.call(
+            driver.operation_run_step,
+            operation_id=message.operation_id,
+            token=message.token,
+            trace_parent=message.trace_parent,
+        )
+        self.delivered += 1
 
     def drop_all(self) -> int:
         """Lose every queued message (a broker that forgot them)."""

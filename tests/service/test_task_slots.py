@@ -115,11 +115,7 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     """The waiter's message goes to the back of the queue; the step that gave the slot back
     runs the waiter's step at once, so the node gets its next task without that round trip."""
     _creates(pump, sim, CAP + 1)
-    for _ in range(8 * (CAP + 1)):
-        if SlotWaiter.objects.exists():
-            break
-        _deliver_one(pump)
-    (waiter,) = SlotWaiter.objects.all()
+    waiter = _first_waiter(pump)
     clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
     assert clones == CAP
     while SlotWaiter.objects.exists():
@@ -140,11 +136,7 @@ def test_a_waiter_that_takes_a_free_slot_itself_leaves_no_waiter_row_behind(
     is sent again by the sweeper and takes the free slot itself. Its waiter row and its wait in
     the journal end there: a row left behind would later hand it a second slot of the node."""
     _creates(pump, sim, CAP + 1)
-    for _ in range(8 * (CAP + 1)):
-        if SlotWaiter.objects.exists():
-            break
-        _deliver_one(pump)
-    (waiter,) = SlotWaiter.objects.all()
+    waiter = _first_waiter(pump)
     pump.drop_all()
     # A slot comes free without a hand-off, and the waiter's fallback message is due.
     other = TaskSlot.objects.exclude(operation=None).exclude(operation=waiter.operation_id).first()
@@ -164,15 +156,17 @@ def test_a_waiter_that_takes_a_free_slot_itself_leaves_no_waiter_row_behind(
 
 
 def _deliver_one(pump: Pump) -> None:
-    import heapq
+    pump.deliver_one()
 
-    from provisioning.services import driver
 
-    message = heapq.heappop(pump.queue)
-    pause = message.due - time.monotonic()
-    if pause > 0:
-        time.sleep(pause)
-    pump.call(driver.operation_run_step, operation_id=message.operation_id, token=message.token)
+def _first_waiter(pump: Pump) -> SlotWaiter:
+    """Deliver steps one at a time until one waits for a slot; that waiter."""
+    for _ in range(8 * (CAP + 1)):
+        if SlotWaiter.objects.exists():
+            break
+        _deliver_one(pump)
+    (waiter,) = SlotWaiter.objects.all()
+    return waiter
 
 
 # --- taking: never two winners for the last slot --------------------------------------------
