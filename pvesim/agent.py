@@ -16,11 +16,18 @@ The host part is ``2 + vmid % 65532``, so VMIDs within any window of 65532 never
 A guest may list more interfaces than its NICs (docker0, tun0, a bridge of its own; §7.19): a
 test scripts them per guest (``Control.set_guest_interfaces``), before or after the NICs, and
 may keep the NICs on IPv6 only.
+
+Files (``agent/file-read``): the guest has one, cloud-init's ``/run/cloud-init/result.json``,
+written by its final stage ``profile.cloud_init`` seconds after the address (or as a test
+scripted it, ``Control.set_cloud_init``). Any other path, or that one before it is written, is
+the agent's "No such file or directory".
 """
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import json
 from typing import Any
 
 from .profiles import Profile
@@ -155,3 +162,49 @@ def info() -> dict[str, Any]:
             {"enabled": True, "name": name, "success-response": True} for name in SUPPORTED_COMMANDS
         ],
     }
+
+
+CLOUD_INIT_RESULT = "/run/cloud-init/result.json"
+# file-read's limit (schema: ``count`` at most 16777216, its default).
+FILE_READ_MAX = 16777216
+# pvesim's NoCloud seed is a CD-ROM (pve-reference has no capture of result.json; this is the
+# shape cloud-init's ``status`` writes: ``v1.datasource``, ``v1.errors``,
+# ``v1.recoverable_errors``).
+_DATASOURCE = "DataSourceNoCloud [seed=/dev/sr0]"
+
+
+def file_text(guest: Guest, profile: Profile, path: str, now: float) -> str:
+    """The content of ``path`` in the guest, or the agent's error for a file it does not have:
+    qemu-ga's ``guest-file-open`` text, which qemu-server's ``check_agent_error`` prefixes with
+    ``Agent error:`` (proxmox/qemu-server ``QemuServer/Agent.pm``; not in pve-reference)."""
+    missing = SimError(
+        500, f"Agent error: failed to open file '{path}' (mode: 'r'): No such file or directory"
+    )
+    if path != CLOUD_INIT_RESULT or guest.booted_at is None:
+        raise missing
+    if guest.cloud_init_outcome == "never":
+        raise missing
+    after = profile.cloud_init if guest.cloud_init_after is None else guest.cloud_init_after
+    if now < guest.booted_at + profile.address_after + after:
+        raise missing
+    result = {
+        "v1": {
+            "datasource": _DATASOURCE,
+            "errors": list(guest.cloud_init_errors),
+            "recoverable_errors": {},
+        }
+    }
+    return json.dumps(result, indent=1) + "\n"
+
+
+def file_read(text: str, *, offset: int, count: int, decode: bool) -> dict[str, Any]:
+    """qemu-server's ``file-read`` answer: ``content`` (base64 unless ``decode``), and
+    ``truncated: 1`` only when ``count`` bytes did not reach the end of the file."""
+    data = text.encode()
+    chunk = data[offset : offset + count]
+    out: dict[str, Any] = {
+        "content": chunk.decode(errors="replace") if decode else base64.b64encode(chunk).decode()
+    }
+    if offset + count < len(data):
+        out["truncated"] = 1
+    return out

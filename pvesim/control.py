@@ -12,7 +12,8 @@ Faults: ``error_rate`` (seeded), ``fail_call`` (the Nth matching call, determini
 lock), ``set_lock``/``clear_lock``, ``remove_agent``, ``set_ha``, ``set_pool``, ``set_hookscript``,
 ``add_pending``, ``create_vms`` (bulk, for 10,000-VM benchmarks), ``recreate_vm`` (the same
 VM made again at its VMID: a new SMBIOS UUID and vmgenid), ``set_guest_interfaces`` (what the
-guest agent lists besides the NICs). Tasks:
+guest agent lists besides the NICs), ``set_cloud_init`` (when cloud-init reports done, with
+which errors, or never). Tasks:
 ``fail_next_task``, ``tasks`` (every task's node, type and times, for the benchmarks' per-node
 in-flight series). Permissions: ``deny``/``allow``. Time: ``advance`` (manual clock only).
 """
@@ -70,6 +71,7 @@ _HTTP_POST = frozenset(
         "create_vms",
         "recreate_vm",
         "set_guest_interfaces",
+        "set_cloud_init",
         "fail_next_task",
         "deny",
         "allow",
@@ -375,6 +377,38 @@ class Control:
             guest.extra_interfaces = checked
             guest.extra_first = bool(first)
             guest.nic_ipv4 = bool(nic_ipv4)
+
+    def set_cloud_init(
+        self,
+        vmid: int,
+        outcome: str = "done",
+        after: float | None = None,
+        errors: list[str] | None = None,
+    ) -> None:
+        """What cloud-init does in the guest (seed 003's readiness): ``done`` writes
+        ``/run/cloud-init/result.json`` without errors, ``errors`` with ``errors`` in it (a
+        default one when none are given), ``never`` never writes it; ``after``: seconds from
+        the address to the file (None: the profile's ``cloud_init``). Clones made later
+        inherit it, so a test scripts the template before the create."""
+        if outcome not in ("done", "errors", "never"):
+            raise ControlError("outcome: one of done, errors, never")
+        if after is not None and (
+            isinstance(after, bool) or not isinstance(after, int | float) or after < 0
+        ):
+            raise ControlError("after: a number of seconds of at least 0, or null")
+        found = list(errors or [])
+        if not all(isinstance(e, str) for e in found):
+            raise ControlError("errors: a list of texts")
+        if outcome == "errors" and not found:
+            found = [
+                "('scripts_user', RuntimeError('Runparts: 1 failures (part-001) in 1 "
+                "attempted commands'))"
+            ]
+        with self._locked():
+            guest = self._guest(vmid)
+            guest.cloud_init_outcome = "never" if outcome == "never" else "done"
+            guest.cloud_init_after = None if after is None else float(after)
+            guest.cloud_init_errors = found if outcome == "errors" else []
 
     def create_vms(
         self,

@@ -21,6 +21,21 @@ def network_get_interfaces(ctx: Ctx) -> dict[str, Any]:
     return {"result": agent.interfaces(guest, ctx.node, ctx.sim.profile, ctx.now)}
 
 
+@handler("GET /nodes/{node}/qemu/{vmid}/agent/file-read")
+def file_read(ctx: Ctx) -> dict[str, Any]:
+    """A guest file through the agent (schema: ``file``, ``offset``, ``count`` up to 16 MiB,
+    ``decode`` default 1); the answer is not wrapped in ``result``."""
+    guest = _available(ctx)
+    path = ctx.text("file") or ""
+    text = agent.file_text(guest, ctx.sim.profile, path, ctx.now)
+    return agent.file_read(
+        text,
+        offset=ctx.integer("offset", 0) or 0,
+        count=ctx.integer("count", agent.FILE_READ_MAX) or agent.FILE_READ_MAX,
+        decode=ctx.flag("decode", True),
+    )
+
+
 @handler("POST /nodes/{node}/qemu/{vmid}/agent/ping")
 def ping(ctx: Ctx) -> dict[str, Any]:
     _available(ctx)

@@ -180,6 +180,9 @@ def vm_clone(ctx: Ctx) -> str:
             clone.extra_interfaces = [dict(i) for i in source.extra_interfaces]
             clone.extra_first = source.extra_first
             clone.nic_ipv4 = source.nic_ipv4
+            clone.cloud_init_outcome = source.cloud_init_outcome
+            clone.cloud_init_after = source.cloud_init_after
+            clone.cloud_init_errors = list(source.cloud_init_errors)
             clone.lock_holder = None
             if target is not None:
                 clone.node = target

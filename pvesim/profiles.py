@@ -49,6 +49,8 @@ class Profile:
     auth_fail_delay: float  # every 401 is answered this late
     node_task_limit: int  # tasks running at once per node; more wait in a queue
     statd_lag: float = 10.0  # pvestatd's pass: how long a new guest stays bare in resources
+    # address → cloud-init's final stage wrote /run/cloud-init/result.json (seed 003 readiness)
+    cloud_init: float = 0.0
 
     def scaled(self, factor: float) -> Profile:
         """The same profile with every duration multiplied by ``factor`` (``time_scale``)."""
@@ -67,6 +69,7 @@ class Profile:
             agent_install=self.agent_install * factor,
             auth_fail_delay=self.auth_fail_delay * factor,
             statd_lag=self.statd_lag * factor,
+            cloud_init=self.cloud_init * factor,
         )
 
     def with_task_limit(self, limit: int) -> Profile:
@@ -110,6 +113,7 @@ PROFILES: dict[str, Profile] = {
         agent_install=0.4,
         auth_fail_delay=0.0,
         node_task_limit=4,
+        cloud_init=0.3,
     ),
     "realistic": Profile(
         name="realistic",
@@ -122,6 +126,7 @@ PROFILES: dict[str, Profile] = {
         agent_install=30.0,
         auth_fail_delay=3.0,
         node_task_limit=4,
+        cloud_init=25.0,
     ),
 }
 

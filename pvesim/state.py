@@ -161,6 +161,13 @@ class Guest:
     extra_interfaces: list[dict[str, Any]] = field(default_factory=list)
     extra_first: bool = False
     nic_ipv4: bool = True
+    # What cloud-init does in the guest (seed 003's readiness; ``Control.set_cloud_init``):
+    # ``done`` writes /run/cloud-init/result.json ``cloud_init_after`` seconds after the address
+    # (None: the profile's ``cloud_init``), with ``cloud_init_errors`` in it; ``never`` never
+    # writes it. Inherited by clones: tests script the template, like the interfaces.
+    cloud_init_outcome: str = "done"
+    cloud_init_after: float | None = None
+    cloud_init_errors: list[str] = field(default_factory=list)
     ha_state: str | None = None  # None: not HA-managed
     created_at: float = 0.0  # engine clock, for pvestatd's first report
     temp: bool = False  # a clone target still holding the temporary config

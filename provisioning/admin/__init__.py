@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (registers)
     clusters,
     gcrounds,
     inventory,
+    maintenance,
     operations,
     proxies,
     quotas,

@@ -12,7 +12,7 @@ commit; the only Proxmox calls in these requests are the power page's bounded re
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -31,10 +31,10 @@ from provisioning.models.choices import (
 )
 from provisioning.proxmox.power_checks import Action
 from provisioning.proxmox.seed import seed_iso_name, seed_volid
-from provisioning.services import operations
+from provisioning.services import operations, shown_digests
 from provisioning.services.installation import installation_id
 
-from . import display, plans
+from . import display, inspection, plans
 from .common import confirmation, confirmed, door_key, too_many
 from .inspection import power_targets
 
@@ -77,6 +77,31 @@ def _report_skipped(modeladmin: admin.ModelAdmin, request: HttpRequest, skipped:
 
 def _errors(err: ValidationError) -> str:
     return "; ".join(err.messages)
+
+
+def _shown(request: HttpRequest, action: str) -> dict[int, str]:
+    """The config digests the confirmation page showed, by proxy id (issue 14). A confirm
+    without the field (a page from before it was added) binds none; a forged or foreign one
+    raises ``ValidationError``."""
+    token = str(request.POST.get(shown_digests.FIELD, ""))
+    if not token:
+        return {}
+    return shown_digests.load_digests(token, action=action, user_id=_user_id(request))
+
+
+def _sign_shown(request: HttpRequest, action: str, digests: dict[int, str]) -> str:
+    if digests:
+        # The page read them: keep them as the last digests seen of those VMs.
+        shown_digests.record_digests(digests)
+    return shown_digests.sign_digests(digests, action=action, user_id=_user_id(request))
+
+
+def _user_id(request: HttpRequest) -> int:
+    return cast(int, request.user.pk)
+
+
+def _short_digest(digest: str) -> str:
+    return digest[:12] if digest else "not read"
 
 
 # --- provision / retry -------------------------------------------------------------------------
@@ -164,6 +189,13 @@ def replace(
         return "is being deleted" if proxy.desired_state == DesiredState.DELETED else ""
 
     if confirmed(request):
+        try:
+            shown = _shown(request, "replace")
+        except ValidationError as err:
+            modeladmin.message_user(
+                request, f"Nothing was replaced: {_errors(err)}", messages.ERROR
+            )
+            return None
         done: list[str] = []
         skipped: list[str] = []
         for proxy in proxies:
@@ -175,6 +207,9 @@ def replace(
                         user=request.user,
                         via=ADMIN,
                         idempotency_key=door_key(request, "replace", proxy),
+                        # Seed 001, issue 14: the worker refuses a VM whose config changed
+                        # since this page showed it, before stopping anything.
+                        expected_digest=shown.get(proxy.pk, ""),
                     )
                 except ValidationError as err:
                     reason = _errors(err)
@@ -195,6 +230,11 @@ def replace(
             )
         _report_skipped(modeladmin, request, skipped)
         return None
+    # The live digest where the VM can be read now, else the last one seen (issue 14).
+    digests = {p.pk: p.config_digest for p in proxies if p.config_digest}
+    live = inspection.read_digests(p for p in proxies if not skip_reason(p))
+    shown_digests.record_digests(live)
+    digests.update(live)
     rows = [
         {
             "cells": [
@@ -203,6 +243,7 @@ def replace(
                 proxy.vmid or "",
                 proxy.provider_id or "no VM yet",
                 display.phase_badge(proxy.phase),
+                _short_digest(digests.get(proxy.pk, "")),
             ],
             "skip": skip_reason(proxy),
         }
@@ -217,10 +258,11 @@ def replace(
         intro="Each VM below is stopped and destroyed with its disks and seed ISO, then a new "
         "VM is created from the proxy's current spec. The proxy keeps its name and UID; its "
         "address may change.",
-        columns=["Proxy", "Node", "VMID", "Provider id", "Phase"],
+        columns=["Proxy", "Node", "VMID", "Provider id", "Phase", "Config digest"],
         rows=rows,
         submit="Yes, replace them",
         submit_count=sum(1 for r in rows if not r["skip"]),
+        shown_digests=_sign_shown(request, "replace", digests),
     )
 
 
@@ -408,7 +450,17 @@ def _power_action(action: Action) -> Callable[..., TemplateResponse | None]:
             return None
         # Judged now, on the confirmation page and again on the confirm: a VM refused a moment
         # ago is not sent, and one refused since is caught before its operation is written.
-        targets = power_targets(queryset, action)
+        # The confirm is bound to the config digests the page showed (seed 001, issue 14).
+        shown: dict[int, str] = {}
+        if confirmed(request):
+            try:
+                shown = _shown(request, action)
+            except ValidationError as err:
+                modeladmin.message_user(
+                    request, f"Nothing was sent: {_errors(err)}", messages.ERROR
+                )
+                return None
+        targets = power_targets(queryset, action, shown)
         if confirmed(request):
             done: list[str] = []
             skipped: list[str] = []
@@ -423,6 +475,7 @@ def _power_action(action: Action) -> Callable[..., TemplateResponse | None]:
                         user=request.user,
                         via=ADMIN,
                         idempotency_key=door_key(request, action, target.proxy),
+                        expected_digest=shown.get(target.proxy.pk, ""),
                     )
                 except ValidationError as err:
                     skipped.append(f"{target.proxy.name}: {_errors(err)}")
@@ -449,6 +502,7 @@ def _power_action(action: Action) -> Callable[..., TemplateResponse | None]:
                     t.vmid or "",
                     t.state or "unknown",
                     t.outcome,
+                    _short_digest(t.preview.digest if t.preview else ""),
                 ],
                 "skip": t.skip,
                 "note": bool(t.unknown or (t.preview and t.preview.noop)),
@@ -465,11 +519,12 @@ def _power_action(action: Action) -> Callable[..., TemplateResponse | None]:
             "in the operation. VMs Proxmox would refuse (templates, locked, hibernated or "
             "paused VMs, pending changes, hook scripts, HA-managed VMs) are shown struck "
             "through and are left alone.",
-            columns=["Proxy", "Node", "VMID", "Current state", "What will happen"],
+            columns=["Proxy", "Node", "VMID", "Current state", "What will happen", "Config digest"],
             rows=rows,
             submit=f"Yes, {verb.lower()}",
             submit_count=sum(1 for r in rows if not r["skip"]),
             destructive=action != "start",
+            shown_digests=_sign_shown(request, action, inspection.shown_digests(targets)),
         )
 
     power.__name__ = action

@@ -45,6 +45,7 @@ from .forms import (
     TemplateForm,
     TemplateFormSet,
 )
+from .maintenance import MAINTENANCE, maintenance_end_all, maintenance_start_page
 from .template_build import template_build_page
 
 
@@ -104,7 +105,14 @@ class ClusterAdmin(GuardedActionsMixin):
     search_fields = ("name",)
     search_help_text = "Cluster name (part of it)"
     inlines = (NodeInline, TemplateInline, MachineTypeInline)
-    actions = ("check_now", "preflight", "trust_ca", "build_template")
+    actions = (
+        "check_now",
+        "preflight",
+        "trust_ca",
+        "build_template",
+        "start_maintenance",
+        "end_maintenance",
+    )
     fieldsets = (
         (None, {"fields": ("name", "url")}),
         (
@@ -172,6 +180,9 @@ class ClusterAdmin(GuardedActionsMixin):
 
     def has_change_endpoint_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(CHANGE_ENDPOINT)
+
+    def has_maintenance_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(MAINTENANCE)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A new cluster is a new endpoint.
@@ -350,6 +361,17 @@ class ClusterAdmin(GuardedActionsMixin):
     ) -> TemplateResponse | None:
         """Issue 14: the same build as ``manage.py templates build``, through the journal."""
         return template_build_page(self, request, queryset)
+
+    @admin.action(permissions=["maintenance"], description="Start maintenance…")
+    def start_maintenance(
+        self, request: HttpRequest, queryset: QuerySet[Cluster]
+    ) -> TemplateResponse | None:
+        """Issue 14: proxyhub writes nothing to the cluster or the node until it is ended."""
+        return maintenance_start_page(self, request, queryset)
+
+    @admin.action(permissions=["maintenance"], description="End maintenance")
+    def end_maintenance(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> None:
+        maintenance_end_all(self, request, queryset)
 
     @admin.action(permissions=["check"], description="Preflight (read-only checks in Proxmox)")
     def preflight(self, request: HttpRequest, queryset: QuerySet[Cluster]) -> TemplateResponse:

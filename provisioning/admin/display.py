@@ -59,6 +59,14 @@ def state_badge(state: str) -> SafeString:
     return badge(state, STATE_TONE.get(state, "idle"))  # type: ignore[call-overload]
 
 
+def operation_state_badge(op: Operation) -> SafeString:
+    """The operation's state; one held by a maintenance switch (issue 14) says so, since its
+    ``waiting`` otherwise reads like a task still running in Proxmox."""
+    if op.state == OperationState.WAITING and op.paused_since is not None:
+        return badge("waiting for maintenance", "warn")
+    return state_badge(op.state)
+
+
 CIRCUIT_TONE = {CircuitState.CLOSED: "ok", CircuitState.HALF_OPEN: "warn", CircuitState.OPEN: "bad"}
 
 

@@ -267,6 +267,10 @@ class BulkConfirmForm(forms.Form):
     image = forms.CharField(max_length=63, widget=forms.HiddenInput)
     zone = forms.CharField(max_length=63, required=False, widget=forms.HiddenInput)
     cloud_init_token = forms.CharField(widget=forms.HiddenInput)
+    # Issue 14: the plan set's hash and the shown plan, signed for the user, so the commit
+    # writes only that plan and a change since the preview is refused naming what changed.
+    plan_hash = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
+    plan_shown = forms.CharField(widget=forms.HiddenInput)
 
 
 # --- the catalogue ----------------------------------------------------------------------------
@@ -352,7 +356,7 @@ class MachineTypeForm(forms.ModelForm):
 
 
 # A template row's fields in the cluster page's inline: the key, the VMID, seed 003's
-# declaration and the per-node copies (issue 14).
+# declaration, the per-node copies and the cloud-init readiness flag (issue 14).
 TEMPLATE_FIELDS = (
     "key",
     "vmid",
@@ -361,6 +365,7 @@ TEMPLATE_FIELDS = (
     "source_disk_gib",
     "guest_user",
     "copies",
+    "wait_for_cloud_init",
 )
 
 

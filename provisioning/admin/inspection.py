@@ -6,12 +6,16 @@ calls the console makes in a web request besides preflight, so they are bounded:
 ``/cluster/resources`` listing per cluster, at most ``INSPECT_MAX`` targets, and one deadline
 for the whole page. A target left over is shown as not inspected and is judged again by the
 worker before anything is sent (``power.PowerMachine``'s ``inspect`` and ``submit`` stages).
+
+Each judged target's config digest is shown and carried to the confirm (seed 001, issue 14);
+the replace page reads the digests alone (``read_digests``), under the same bounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from provisioning.models import Proxy
@@ -19,8 +23,11 @@ from provisioning.models.choices import DesiredState
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import NotFoundError, classify
 from provisioning.proxmox.identity import Identity
+from provisioning.proxmox.ids import parse_provider_id
 from provisioning.proxmox.power_checks import Action, PowerPreview, PowerRequest
 from provisioning.services.providers import provider_for
+
+log = logging.getLogger(__name__)
 
 # A page must answer while the operator waits; a slow or unreachable cluster leaves the rest
 # of the targets "not inspected" rather than hanging the request.
@@ -75,8 +82,13 @@ class PowerTarget:
         return "will be sent"
 
 
-def power_targets(proxies: Iterable[Proxy], action: Action) -> list[PowerTarget]:
-    """Judge each proxy's VM for ``action`` within the page's budget (see the module doc)."""
+def power_targets(
+    proxies: Iterable[Proxy], action: Action, expected: Mapping[int, str] | None = None
+) -> list[PowerTarget]:
+    """Judge each proxy's VM for ``action`` within the page's budget (see the module doc).
+
+    ``expected`` maps a proxy's id to the config digest its confirmation page showed (issue
+    14): on the confirm, a VM whose config has another digest now is refused."""
     deadline = Deadline(INSPECT_SECONDS)
     listings: dict[int, Any] = {}
     out: list[PowerTarget] = []
@@ -92,7 +104,36 @@ def power_targets(proxies: Iterable[Proxy], action: Action) -> list[PowerTarget]
             out.append(PowerTarget(proxy, unknown=_NOT_INSPECTED))
             continue
         inspected += 1
-        out.append(_judge(proxy, action, listings, deadline))
+        out.append(_judge(proxy, action, listings, deadline, (expected or {}).get(proxy.pk, "")))
+    return out
+
+
+def shown_digests(targets: Iterable[PowerTarget]) -> dict[int, str]:
+    """The config digest read of each target judged, by proxy id."""
+    return {t.proxy.pk: t.preview.digest for t in targets if t.preview and t.preview.digest}
+
+
+def read_digests(proxies: Iterable[Proxy]) -> dict[int, str]:
+    """The live config digest of each proxy's VM (the replace page), within the page's budget;
+    a VM that cannot be read now is left out, and its last seen digest stands in."""
+    deadline = Deadline(INSPECT_SECONDS)
+    out: dict[int, str] = {}
+    for count, proxy in enumerate(proxies):
+        if count >= INSPECT_MAX or (deadline.remaining() or 0.0) <= 0:
+            break
+        if not proxy.provider_id or not proxy.node:
+            continue
+        try:
+            vmid = parse_provider_id(proxy.provider_id).vmid
+            config = provider_for(proxy.cluster).api.vm_config(proxy.node, vmid, deadline=deadline)
+        except Exception as raw:  # shown as the last digest seen; the worker checks the VM
+            log.info(
+                "config digest not read",
+                extra={"proxy": proxy.name, "reason": classify("get", raw).message},
+            )
+            continue
+        if config.get("digest"):
+            out[proxy.pk] = str(config["digest"])
     return out
 
 
@@ -100,7 +141,7 @@ _NOT_INSPECTED = "not inspected on this page (too many targets); checked again b
 
 
 def _judge(
-    proxy: Proxy, action: Action, listings: dict[int, Any], deadline: Deadline
+    proxy: Proxy, action: Action, listings: dict[int, Any], deadline: Deadline, expected: str
 ) -> PowerTarget:
     try:
         provider = provider_for(proxy.cluster)
@@ -113,6 +154,7 @@ def _judge(
             str(proxy.uid),
             Identity(proxy.smbios_uuid, proxy.vmgenid),
         )
+        request = replace(request, expected_digest=expected)
         preview = provider.inspect_power(
             request, listing=listings[proxy.cluster_id], deadline=deadline
         )

@@ -138,7 +138,7 @@ class OperationAdmin(admin.ModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_badge(self, obj: Operation) -> SafeString:
-        return display.state_badge(obj.state)
+        return display.operation_state_badge(obj)
 
     @admin.display(description="took")
     def took(self, obj: Operation) -> str:

@@ -338,7 +338,7 @@ class ProxyAdmin(GuardedActionsMixin):
                 (
                     reverse("admin:provisioning_operation_change", args=[op.pk]),
                     op.kind,
-                    display.state_badge(op.state),
+                    display.operation_state_badge(op),
                     op.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                     display.requested_by(op),
                     display.short_error(op.last_error),

@@ -8,11 +8,8 @@ its field and nothing is written.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from django import forms
-from django.contrib import messages
-from django.contrib.admin import helpers
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -23,10 +20,7 @@ from provisioning.models.choices import RequestedVia
 from provisioning.proxmox.build_inputs import DISK_DEVICES, InputProblem
 from provisioning.services.template_builds import BuildSpec, template_build_start
 
-if TYPE_CHECKING:
-    from .clusters import ClusterAdmin
-
-TEMPLATE = "admin/provisioning/cluster/template_build.html"
+from .action_form import action_form_page, only_one, posted
 
 
 class TemplateBuildForm(forms.Form):
@@ -50,14 +44,12 @@ class TemplateBuildForm(forms.Form):
 
 
 def template_build_page(
-    model_admin: ClusterAdmin, request: HttpRequest, queryset: QuerySet[Cluster]
+    model_admin: admin.ModelAdmin[Cluster], request: HttpRequest, queryset: QuerySet[Cluster]
 ) -> TemplateResponse | None:
-    clusters = list(queryset[:2])
-    if len(clusters) != 1:
-        model_admin.message_user(request, "Select exactly one cluster.", messages.ERROR)
+    cluster = only_one(model_admin, request, queryset)
+    if cluster is None:
         return None
-    cluster = clusters[0]
-    form = TemplateBuildForm(request.POST if request.POST.get("post") == "yes" else None)
+    form = TemplateBuildForm(posted(request))
     if form.is_bound and form.is_valid():
         data = form.cleaned_data
         spec = BuildSpec(**{k: data[k] for k in data})
@@ -83,15 +75,15 @@ def template_build_page(
                 messages.SUCCESS,
             )
             return None
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.model._meta,
-        "title": f"Build a template on {cluster.name}",
-        "intro": "The node downloads the image and checks its checksum; a VM is created with "
+    return action_form_page(
+        model_admin,
+        request,
+        target=cluster,
+        form=form,
+        action="build_template",
+        title=f"Build a template on {cluster.name}",
+        intro="The node downloads the image and checks its checksum; a VM is created with "
         "its disk imported, the agent on and a serial console, then converted to a template "
         "and registered in this cluster's catalogue.",
-        "form": form,
-        "cluster": cluster,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-    }
-    return TemplateResponse(request, TEMPLATE, context)
+        submit="Build",
+    )

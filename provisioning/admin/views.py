@@ -1,10 +1,13 @@
 """The bulk-create page: count, prefix, placement and cloud-init; the names before the write.
 
 Two steps, two URLs. ``bulk-create/`` shows the form (GET) and, on POST, the preview: the exact
-names it will create, the placement and the cloud-init's size and keyed digest. Nothing is written
-there. ``bulk-create/confirm/`` is the only state-changing URL: POST only (405 to GET), CSRF
-protected by ``admin_view``, and it writes every proxy through ``proxies_create`` in one
-transaction, each with its ``create`` operation sent after commit.
+names it will create, the placement and the cloud-init's size and keyed digest, and the plan
+set's hash (issue 14). Nothing is written there. ``bulk-create/confirm/`` is the only
+state-changing URL: POST only (405 to GET), CSRF protected by ``admin_view``, and it writes
+every proxy through ``plan_confirmation.commit`` in one transaction, each with its ``create``
+operation sent after commit, only when the plan is still the one shown (the hash and the signed
+shown plan ride along as hidden fields); otherwise it refuses naming what changed and writes
+nothing.
 
 The preview carries the cloud-init to the confirm as a token (``provisioning.sealed_tokens``):
 encrypted under a key derived for this purpose only, signed with the requesting user's id and
@@ -31,7 +34,7 @@ from provisioning import sealed_tokens, sealing
 from provisioning.models import Proxy
 from provisioning.models.choices import RequestedVia
 from provisioning.proxmox.errors import ClassifiedError
-from provisioning.services import operations, plans, quotas
+from provisioning.services import operations, plan_confirmation, quotas
 from provisioning.services.operations import numbered_names
 
 from .common import PROVISION
@@ -102,6 +105,11 @@ class BulkCreateView(_BulkView):
                 form.add_error("cluster", problem)
             return self.render(request, form=form)
         cloud_init = form.cloud_init_bytes
+        try:
+            plan_set = plan_confirmation.plan_set_for(_specs(names, data, cloud_init))
+        except (ClassifiedError, ValueError) as err:
+            form.add_error(None, f"the plan cannot be made: {err}")
+            return self.render(request, form=form)
         confirm = BulkConfirmForm(
             initial={
                 "count": data["count"],
@@ -113,12 +121,18 @@ class BulkCreateView(_BulkView):
                 "cloud_init_token": sealed_tokens.token_dumps(
                     cloud_init, purpose=BULK_PURPOSE, user_id=_user_id(request)
                 ),
+                "plan_hash": plan_set.plan_hash,
+                "plan_shown": plan_confirmation.sign_shown(
+                    plan_set.document, user_id=_user_id(request)
+                ),
             }
         )
         return self.render(
             request,
             form=None,
-            first_plan=_first_plan(names[0], data, cloud_init),
+            first_plan=plan_set.plans[0][1].as_dict(),
+            plan_hash=plan_set.plan_hash,
+            plan_nodes=plan_set.nodes(),
             confirm=confirm,
             names=names if len(names) <= NAMES_SHOWN else None,
             names_head=names[:5],
@@ -156,19 +170,18 @@ class BulkConfirmView(_BulkView):
             )
             return HttpResponseRedirect(back)
         names = numbered_names(data["prefix"], data["count"])
-        specs = [
-            operations.ProxySpec(
-                name=name,
-                cluster=data["cluster"],
-                machine_type=data["machine_type"],
-                image=data["image"],
-                zone=data["zone"] or "",
-                cloud_init=cloud_init,
-            )
-            for name in names
-        ]
         try:
-            operations.proxies_create(specs=specs, user=request.user, via=RequestedVia.ADMIN)
+            shown = plan_confirmation.load_shown(data["plan_shown"], user_id=_user_id(request))
+            plan_confirmation.commit(
+                _specs(names, data, cloud_init),
+                plan_hash=data["plan_hash"],
+                shown=shown,
+                user=request.user,
+                via=RequestedVia.ADMIN,
+            )
+        except (ClassifiedError, ValueError) as err:
+            messages.error(request, f"Nothing was created: the plan cannot be made: {err}")
+            return HttpResponseRedirect(back)
         except ValidationError as err:
             messages.error(request, "Nothing was created: " + "; ".join(err.messages))
             return HttpResponseRedirect(back)
@@ -184,20 +197,18 @@ class BulkConfirmView(_BulkView):
         return HttpResponseRedirect(reverse("admin:provisioning_proxy_changelist"))
 
 
-def _first_plan(name: str, data: dict[str, Any], cloud_init: bytes) -> dict[str, Any] | None:
-    """The first proxy's plan (seed 003, no Proxmox call): where it lands and what it gets."""
-    spec = operations.ProxySpec(
-        name=name,
-        cluster=data["cluster"],
-        machine_type=data["machine_type"],
-        image=data["image"],
-        zone=data["zone"] or "",
-        cloud_init=cloud_init,
-    )
-    try:
-        return plans.plan_for_spec(spec).as_dict()
-    except (ClassifiedError, ValueError):
-        return None
+def _specs(names: list[str], data: dict[str, Any], cloud_init: bytes) -> list[operations.ProxySpec]:
+    return [
+        operations.ProxySpec(
+            name=name,
+            cluster=data["cluster"],
+            machine_type=data["machine_type"],
+            image=data["image"],
+            zone=data["zone"] or "",
+            cloud_init=cloud_init,
+        )
+        for name in names
+    ]
 
 
 def _shown(names: list[str], shown: int = 10) -> str:

@@ -7,6 +7,7 @@ from .gcround import GcRound
 from .installation import Installation
 from .inventory import GuestOwner, GuestType, InventoryGuest, InventoryRefresh
 from .lease import JobLease
+from .maintenance import MaintenanceWindow
 from .operation import Operation, OperationStep
 from .proxy import Proxy
 from .quota import UserQuota
@@ -24,6 +25,7 @@ __all__ = [
     "InventoryRefresh",
     "JobLease",
     "MachineType",
+    "MaintenanceWindow",
     "Node",
     "Operation",
     "OperationStep",

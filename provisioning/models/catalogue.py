@@ -314,6 +314,12 @@ class Template(models.Model):
         help_text="per-node copies on local storage, node name → VMID (templates build "
         "--all-nodes)",
     )
+    wait_for_cloud_init = models.BooleanField(
+        "wait for cloud-init",
+        default=False,
+        help_text="Running only once cloud-init reports done in the guest, not at its first "
+        "address (needs VM.GuestAgent.FileRead)",
+    )
 
     class Meta:
         ordering = ["cluster", "key"]
@@ -333,6 +339,7 @@ class Template(models.Model):
             source_disk_gib=self.source_disk_gib,
             guest_user=self.guest_user or None,
             copies={str(k): int(v) for k, v in (self.copies or {}).items()},
+            wait_for_cloud_init=self.wait_for_cloud_init,
         )
 
 

@@ -81,6 +81,11 @@ class Operation(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Issue 14: while maintenance holds the operation's next write, ``paused_since`` is when the
+    # pause began; when it ends, its length is added to ``paused_seconds``. Paused time is not
+    # the operation's fault, so it does not count toward the age ceiling (services.policy).
+    paused_since = models.DateTimeField(null=True, blank=True)
+    paused_seconds = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ["-created_at"]

@@ -57,6 +57,10 @@ class Proxy(models.Model):
     # action and delete, so a VM restored from backup or re-created at the VMID is never ours.
     smbios_uuid = models.CharField("SMBIOS UUID", max_length=36, blank=True, editable=False)
     vmgenid = models.CharField("vmgenid", max_length=36, blank=True, editable=False)
+    # Seed 001, issue 14: when a read last compared the VM's identity with the recorded one.
+    # A VM the listing shows started after it may be another one (restored, re-created at the
+    # VMID), so reconcile reads its identity again (services/identity_checks.py).
+    identity_checked_at = models.DateTimeField(null=True, blank=True, editable=False)
     spec_hash = models.CharField(max_length=64, blank=True, editable=False)
     # Issue 14, drift. What the VM was built with: cores, memoryMiB, bridge, vlanTag (the last
     # two only when the cluster set them) and net0's MAC, recorded when a create made or adopted
@@ -65,6 +69,11 @@ class Proxy(models.Model):
     # until its first config read records the catalogue's figures and the MAC it finds.
     vm_spec = models.JSONField(default=dict, blank=True, editable=False)
     drift = models.JSONField(default=list, blank=True, editable=False)
+    # Issue 14, seed 001 ("configuration digests are additional confirmation conditions"): the
+    # ``digest`` of the VM's config as proxyhub last read it. A confirmation page shows it and
+    # the confirmed action refuses a VM whose config has another digest since; any write of the
+    # config by proxyhub (a create, a drift repair) blanks it, so a stale one is never offered.
+    config_digest = models.CharField(max_length=64, blank=True, editable=False)
     # When the VM's config was last compared with the spec, and the listing's maxcpu/maxmem
     # then ("<cpus>/<bytes>"): reconcile reads a config again only when the listing shows other
     # figures or the comparison is older than the drift recheck interval (``services.drift``).

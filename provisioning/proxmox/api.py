@@ -603,6 +603,23 @@ class Api:
             raise ApiError(500, str(desc))
         return list(result or [])
 
+    def agent_file_read(
+        self, node: str, vmid: int, file: str, *, deadline: Deadline | None = None
+    ) -> dict[str, Any]:
+        """``GET .../agent/file-read``: a file of the guest through its agent, decoded
+        (``content``, and ``truncated`` when the file is longer than Proxmox's 16 MiB limit).
+        A file the guest does not have is the agent's error, raised as a 500 (pve-reference
+        §3.3); the content is guest data and never logged (only the path is a parameter)."""
+        call = Call(
+            "agent_file_read",
+            "GET",
+            "/nodes/{node}/qemu/{vmid}/agent/file-read",
+            self._vm(node, vmid),
+            {"file": file},
+        )
+        data = self._data(call, deadline)
+        return dict(data) if isinstance(data, dict) else {}
+
     # --- access control (bootstrap_cluster, with an administrator's token) -------------
 
     def pools(self, *, deadline: Deadline | None = None) -> list[dict[str, Any]]:

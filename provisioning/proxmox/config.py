@@ -86,7 +86,15 @@ _RANGE_KEYS = ("min", "max")
 # Issue 14: what reconcile does about a proxy VM whose cores, memory or net0 differ from the
 # catalogue: show it (``report``), or also set them back (``repair``, ``services.reconcile``).
 DRIFT_POLICIES = ("report", "repair")
-_TEMPLATE_KEYS = ("vmid", "templateVersion", "diskDevice", "sourceDiskGiB", "guestUser", "copies")
+_TEMPLATE_KEYS = (
+    "vmid",
+    "templateVersion",
+    "diskDevice",
+    "sourceDiskGiB",
+    "guestUser",
+    "copies",
+    "waitForCloudInit",
+)
 _MACHINE_KEYS = ("cores", "memoryMiB", "diskGiB")
 # Values never echoed in an error: vendor-data is guest configuration and may hold secrets.
 _SECRET_PATHS = frozenset({"vendorData"})
@@ -134,7 +142,11 @@ class TemplateRef:
 
     ``copies`` (issue 14): per-node copies of a template on local storage, node → VMID, built by
     ``templates build --all-nodes``; a create on such a node clones its copy, so clones need
-    not queue on one node nor cross nodes from local storage."""
+    not queue on one node nor cross nodes from local storage.
+
+    ``wait_for_cloud_init`` (seed 003's readiness, issue 14): a VM of this image counts as
+    Running only once cloud-init has reported done in the guest, not when its address appears.
+    """
 
     vmid: int
     template_version: str | None = None
@@ -142,6 +154,7 @@ class TemplateRef:
     source_disk_gib: int | None = None
     guest_user: str | None = None
     copies: Mapping[str, int] = field(default_factory=dict, hash=False)
+    wait_for_cloud_init: bool = False
 
     def vmid_on(self, node: str) -> int:
         """The template to clone for a VM on ``node``: its copy there, else the template."""
@@ -297,6 +310,7 @@ class ProxmoxConfig:
                 source_disk_gib=e.get("sourceDiskGiB"),
                 guest_user=e.get("guestUser"),
                 copies=e.get("copies") or {},
+                wait_for_cloud_init=e.get("waitForCloudInit", False),
             ),
             fail,
         )
@@ -532,6 +546,8 @@ def _template_mapping(ref: TemplateRef) -> dict[str, object]:
             out[key] = value
     if ref.copies:
         out["copies"] = dict(ref.copies)
+    if ref.wait_for_cloud_init:
+        out["waitForCloudInit"] = True
     return out
 
 
@@ -568,6 +584,8 @@ def _declaration_problems(
                 user,
             )
         )
+    if not isinstance(ref.wait_for_cloud_init, bool):
+        out.append(("waitForCloudInit", "true or false", ref.wait_for_cloud_init))
     if not isinstance(ref.copies, Mapping):
         out.append(("copies", "a map of node name to template VMID", ref.copies))
         return out

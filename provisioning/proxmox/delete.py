@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config_digest import REMEDY as DIGEST_REMEDY
+from .config_digest import digest_changed
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import ApiError, PermanentError, ProxmoxError, TaskFailed, TransientError
 from .identity import Identity, check_identity
@@ -55,6 +57,9 @@ class DeleteRequest:
     earlier_nodes: tuple[str, ...] = ()
     # The identity recorded for the VM (seed 001); empty for a record made before it was kept.
     identity: Identity = field(default_factory=Identity)
+    # Seed 001, issue 14: the config digest the replace's confirmation page showed; a VM whose
+    # config has another digest now is refused before it is stopped or destroyed.
+    expected_digest: str = ""
 
     @classmethod
     def from_provider_id(cls, provider_id: str, uid: str = "") -> DeleteRequest:
@@ -108,6 +113,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
         verdict = self._ours(req, vmid, node, config)
         if verdict is not None:
             return self._seeds_everywhere(req, progress, "inspect", verdict)
+        _refuse_changed(req, vmid, node, config)
         config_lock = config.get("lock")
         if config_lock == "suspended":
             raise PermanentError(
@@ -189,6 +195,7 @@ class DeleteMachine(StepMachine[DeleteRequest]):
                 progress["stage"],
                 verdict,
             )
+        _refuse_changed(req, vmid, node, config)
         return config
 
     # --- stop and destroy -------------------------------------------------------------
@@ -461,6 +468,16 @@ class DeleteMachine(StepMachine[DeleteRequest]):
             upid=upid,
             submitted=True,
             message=message,
+        )
+
+
+def _refuse_changed(req: DeleteRequest, vmid: int, node: str, config: Mapping[str, str]) -> None:
+    """Right before the VM is stopped or destroyed: refuse one whose config changed since its
+    confirmation page showed it (seed 001's digest condition)."""
+    changed = digest_changed(req.expected_digest, str(config.get("digest") or ""))
+    if changed:
+        raise PermanentError(
+            f"VM {vmid} on {node} ({req.vm_name}): {changed}", remediation=DIGEST_REMEDY, op=OP
         )
 
 

@@ -65,8 +65,9 @@ class Instance:
     sizing: Mapping[str, str] | None = field(default=None, hash=False)
 
 
-# What ``Instance.sizing`` keeps of a config.
-SIZING_KEYS = ("cores", "memory", "net0")
+# What ``Instance.sizing`` keeps of a config; ``digest`` too, so the proxy's stored config
+# digest is refreshed wherever drift reads the config (issue 14, seed 001).
+SIZING_KEYS = ("cores", "memory", "net0", "digest")
 
 
 def map_state(status: str, qmpstatus: str) -> State | None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from .api import Api
+from .config_digest import REMEDY as DIGEST_REMEDY
+from .config_digest import digest_changed
 from .deadline import Cancelled, Deadline, DeadlineExceeded
 from .errors import NotFoundError, PermanentError, ProxmoxError, TransientError
 from .errors import classify as classify_error
@@ -47,6 +49,10 @@ class PowerRequest:
     uid: str = ""
     smbios_uuid: str = ""
     vmgenid: str = ""
+    # Seed 001: "configuration digests are additional confirmation conditions". The config
+    # ``digest`` the confirmation page showed; when set, a VM whose config has another digest
+    # now is refused (issue 14). Empty: no page showed one (a command, reconcile).
+    expected_digest: str = ""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -90,6 +96,8 @@ class PowerPreview:
     lock: str | None
     refusal: str | None = None
     noop: str | None = None
+    # The config's ``digest`` as read (empty when the config was not read).
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,8 @@ def _examine(
     st, qmp = str(status.get("status", "")), str(status.get("qmpstatus", ""))
     lock = config.get("lock") or status.get("lock") or entry.get("lock") or None
     name = config.get("name") or listed_name
-    preview = PowerPreview(vmid, name, node, st, qmp, str(lock) if lock else None)
+    digest = str(config.get("digest") or "")
+    preview = PowerPreview(vmid, name, node, st, qmp, str(lock) if lock else None, digest=digest)
     label = f"VM {vmid} ({name}) on {node}"
 
     try:
@@ -190,6 +199,9 @@ def _examine(
         return replace(preview, refusal=str(refusal)), refusal
     if refused:
         return _refused(preview, *refused)
+    changed = digest_changed(req.expected_digest, digest)
+    if changed:
+        return _refused(preview, f"{label}: {changed}", DIGEST_REMEDY)
 
     if req.action == "start" and st == "running" and qmp == "running":
         return _skipped(preview, f"{label} is already running; start skipped")

@@ -179,6 +179,16 @@ ENDPOINTS: dict[str, tuple[Need, ...]] = {
             " (VM.GuestAgent.Audit or VM.GuestAgent.Unrestricted)",
         ),
     ),
+    # Seed 003's readiness (issue 14): cloud-init's result file, for templates that wait for it.
+    # Proxmox 8.x/9 split the guest agent's privileges; file-read needs FileRead (or Unrestricted).
+    "agent_file_read": (
+        Need(
+            "pool",
+            ("VM.GuestAgent.FileRead",),
+            f"{SCHEMA} GET .../agent/file-read"
+            " (VM.GuestAgent.FileRead or VM.GuestAgent.Unrestricted)",
+        ),
+    ),
     # Own tasks need nothing beyond authentication (schema: user all, Sys.Audit only for
     # other identities' tasks).
     "task_status": (),

@@ -31,8 +31,9 @@ from .create import new_progress as new_create_progress
 from .deadline import Cancelled, Deadline, DeadlineExceeded, effective
 from .delete import DeleteMachine, DeleteRequest
 from .delete import new_progress as new_delete_progress
-from .errors import classify
+from .errors import ProxmoxError, classify
 from .identity import Identity
+from .ids import parse_provider_id
 from .inventory import INVENTORY_LIMIT, Inventory, Remembered, read_inventory
 from .observe import (
     Instance,
@@ -46,6 +47,7 @@ from .observe import (
 from .power import PowerMachine
 from .power import new_progress as new_power_progress
 from .power_checks import PowerPreview, PowerRequest, inspect_power
+from .readiness import CloudInitStatus, cloud_init_status
 from .release import ReleaseMachine, ReleaseRequest
 from .release import new_progress as new_release_progress
 from .repair import RepairMachine, RepairRequest
@@ -235,6 +237,18 @@ class Provider:
             installation=self.config.installation_id,
             deadline=deadline,
         )
+
+    def cloud_init_status(
+        self, provider_id: str, *, node: str, deadline: Deadline | None = None
+    ) -> CloudInitStatus:
+        """One read of cloud-init's result file in the VM (``readiness``, seed 003); a read
+        that fails is classified (entry 13), like every provider call's."""
+        try:
+            return cloud_init_status(
+                self.api, node, parse_provider_id(provider_id).vmid, deadline=deadline
+            )
+        except ProxmoxError as err:
+            raise classify("get", err) from err
 
     def list_managed(
         self,

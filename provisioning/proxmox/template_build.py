@@ -30,6 +30,7 @@ is ever overwritten or converted: the mark decides, as it does for a proxy's clo
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -75,6 +76,25 @@ class TemplateBuildRequest:
     @property
     def vm_name(self) -> str:
         return f"tpl-{self.key}"
+
+    @classmethod
+    def from_record(cls, build: Mapping[str, Any]) -> TemplateBuildRequest:
+        """The request from the ``build`` record an operation's progress keeps (written by
+        ``services.template_builds``), so a resumed build needs nothing but its journal."""
+        return cls(
+            uid=build["uid"],
+            key=build["key"],
+            node=build["node"],
+            vmid=int(build["vmid"]),
+            url=build["url"],
+            checksum=build["checksum"],
+            storage=build["storage"],
+            image_storage=build.get("image_storage") or "",
+            bridge=build.get("bridge") or "",
+            disk_device=build.get("disk_device") or "scsi0",
+            disk_gib=int(build.get("disk_gib") or 8),
+            copy=not build.get("primary", True),
+        )
 
 
 def new_progress() -> Progress:

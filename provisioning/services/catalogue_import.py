@@ -335,6 +335,7 @@ def _sync_templates(cluster: Cluster, templates: Mapping[str, TemplateRef]) -> N
             "source_disk_gib": ref.source_disk_gib,
             "guest_user": ref.guest_user or "",
             "copies": dict(ref.copies),
+            "wait_for_cloud_init": ref.wait_for_cloud_init,
         }
         row = rows.get(key)
         if row is None:

@@ -23,7 +23,7 @@ from provisioning.proxmox.credentials import read_token
 from provisioning.proxmox.errors import ApiError, PermanentError, ProxmoxError, TransportError
 from provisioning.proxmox.preflight_privileges import PrivilegeCheck, privileges_check
 
-from . import providers
+from . import maintenance, providers
 from .credentials import credentials_dir, credentials_file_problem
 from .installation import installation_id
 
@@ -103,7 +103,13 @@ def cluster_bootstrap(
     *, cluster: Cluster, admin_token_file: str, rotate_token: bool = False, names: Names = NAMES
 ) -> BootstrapResult:
     """Make or verify pool, role, user, token and ACLs on ``cluster``; record the token file
-    and the pool in its catalogue entry; check the new token's privileges. Idempotent."""
+    and the pool in its catalogue entry; check the new token's privileges. Idempotent.
+
+    Refused while the whole cluster is in maintenance (issue 14): users, roles, tokens and ACLs
+    are the cluster's, not one node's, so a node's switch alone does not stop it."""
+    paused = maintenance.refusal(cluster)
+    if paused:
+        raise BootstrapInputError(paused)
     problem = credentials_file_problem(field="token_file", path=admin_token_file)
     if problem:
         raise BootstrapInputError(f"--admin-token-file: {problem}")

@@ -100,6 +100,8 @@ def drift_observed(
         "drift": [d.as_dict() for d in config_drift(sizing, spec)],
         "drift_checked_at": now,
         "drift_listing": figures(entry) if entry is not None else "",
+        # The digest this read saw: what a confirmation page shows of the VM (issue 14).
+        "config_digest": str(sizing.get("digest") or ""),
     }
     if proxy.vm_spec != spec.to_record():
         fields["vm_spec"] = spec.to_record()

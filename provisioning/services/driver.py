@@ -5,14 +5,16 @@ Each delivery of the step task calls ``operation_run_step``:
 1. **claim** the step (``services.claims``): only the message carrying the current
    ``dispatch_token``, for an unfinished operation whose step is due and that no other delivery
    runs, gets it; a duplicate or stale message exits, an early one is sent again for later;
-2. **give up** at once when the operation is older than its kind's ceiling (``services.policy``);
-3. **defer** without running when the cluster's circuit breaker is open (``services.circuit``)
+2. **wait for maintenance** when the step would write to a cluster or node whose maintenance
+   switch is on (``services.maintenance``): no attempt is counted and the pause does not age it;
+3. **give up** at once when the operation is older than its kind's ceiling (``services.policy``);
+4. **defer** without running when the cluster's circuit breaker is open (``services.circuit``)
    or another operation still holds the proxy (``services.leases``): a deferral holds no worker
    slot and costs no attempt;
-4. run **one** step (``services.runners``) with no transaction or row lock held, renewing the
+5. run **one** step (``services.runners``) with no transaction or row lock held, renewing the
    claim while it runs; a transient failure is run again in the same delivery (the stage reads
    back what Proxmox holds first, so nothing is sent twice blindly) before it counts;
-5. **journal** the step (its UPID before any wait), the progress record and the proxy's observed
+6. **journal** the step (its UPID before any wait), the progress record and the proxy's observed
    state in one transaction under the proxy's row lock, release the claim, and send the next
    message after commit, with a countdown while Proxmox works. No worker slot waits on Proxmox.
    The countdown is the provider's: the task's expected end, then a short growing interval
@@ -57,6 +59,7 @@ from . import (
     dispatch,
     durations,
     leases,
+    maintenance,
     policy,
     slots,
     template_builds,
@@ -132,8 +135,16 @@ def _run_one(
     if op.started_at is None:
         Operation.objects.filter(pk=op.pk).update(started_at=now, state=OperationState.RUNNING)
         op.started_at = now
+    blocking = maintenance.operation_blocking(op)
+    if blocking is not None:
+        # Not failed, not counted, not aged (policy.age_of); the slots it kept for this step go
+        # to whoever waits for them, since it submits nothing until the switch is off.
+        updates = maintenance.pause_updates(op, blocking, now)
+        _defer(op, claim, now, maintenance.recheck_seconds(), updates=updates, release_slots=True)
+        return
+    maintenance.operation_unpause(operation=op, now=now)
     ceiling = policy.ceiling_for(op.kind)
-    if now - op.created_at > ceiling.age:
+    if policy.age_of(op, now) > ceiling.age:
         _persist(op, claim, _gave_up(op, f"it is older than {_span(ceiling.age)}"), now, 0.0)
         return None
     breaker = _breaker(op)
@@ -286,10 +297,21 @@ def _another_step_running(op: Operation, now: datetime) -> bool:
     )
 
 
-def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "") -> None:
-    """Give the claim back and look again after ``delay``: nothing ran, nothing counts."""
+def _defer(
+    op: Operation,
+    claim: str,
+    now: datetime,
+    delay: float,
+    note: str = "",
+    *,
+    updates: dict[str, Any] | None = None,
+    release_slots: bool = False,
+) -> None:
+    """Give the claim back and look again after ``delay``: nothing ran, nothing counts.
+    ``updates``: more for the row (a maintenance pause's state and note); ``release_slots``:
+    give back the task slots it kept, for a wait that may be long."""
     token = secrets.token_hex(8)
-    updates: dict[str, Any] = {
+    row: dict[str, Any] = {
         "claim_token": "",
         "claim_expires_at": None,
         "dispatch_token": token,
@@ -298,9 +320,12 @@ def _defer(op: Operation, claim: str, now: datetime, delay: float, note: str = "
         "redispatches": 0,
     }
     if note:
-        updates["last_error"] = note
+        row["last_error"] = note
+    row.update(updates or {})
     with transaction.atomic():
-        if Operation.objects.filter(pk=op.pk, claim_token=claim).update(**updates):
+        if Operation.objects.filter(pk=op.pk, claim_token=claim).update(**row):
+            if release_slots:
+                slots.slots_keep(operation=op, keys=(), now=now)
             dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
 
 
@@ -516,7 +541,7 @@ def _on_error(
     attempts = op.attempts + 1
     updates.update(attempts=attempts, faults=F("faults") + 1)
     ceiling = policy.ceiling_for(op.kind)
-    age = now - op.created_at
+    age = policy.age_of(op, now)
     if attempts >= ceiling.attempts or age > ceiling.age:
         end(
             f"gave up after {attempts} failed attempt(s) over {_span(age)}: {error}. "

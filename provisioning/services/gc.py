@@ -39,6 +39,7 @@ from . import operations
 from .clock import db_now
 from .installation import identity_problem
 from .leases import job_lease
+from .maintenance import nodes_paused
 from .providers import provider_for
 from .rounds import round_timing
 
@@ -194,6 +195,7 @@ def gc_run(
                 )
                 record.refused.append({"cluster": cluster.name, "reason": str(err)})
                 continue
+            plan = _outside_maintenance(cluster, plan, record)
             plan.sort(key=_oldest_first)
             take, rest = plan[:budget], plan[budget:]
             budget -= len(take)
@@ -215,6 +217,21 @@ def gc_run(
         },
     )
     return done
+
+
+def _outside_maintenance(cluster: Cluster, plan: list[GcItem], record: GcRound) -> list[GcItem]:
+    """Issue 14: nothing is deleted on a cluster or node in maintenance. What is left there is
+    not held back (it is not this round's to take) and is found again by a later round; the
+    round's record says what maintenance kept."""
+    whole, nodes = nodes_paused(cluster.pk)
+    kept = [item for item in plan if whole or item.node in nodes]
+    if kept:
+        where = "the cluster" if whole else "node(s) " + ", ".join(sorted({i.node for i in kept}))
+        record.refused.append(
+            {"cluster": cluster.name, "reason": f"{len(kept)} item(s) kept: {where} in maintenance"}
+        )
+    kept_ids = {id(item) for item in kept}
+    return [item for item in plan if id(item) not in kept_ids]
 
 
 def _is_uuid(text: str) -> bool:

@@ -9,11 +9,10 @@ delete wins over a create still running, for example.
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import logging
-import os
+import re
 import secrets
 from collections import Counter
 from collections.abc import Iterable
@@ -44,6 +43,7 @@ from provisioning.proxmox.placement import resolve_machine_type, resolve_templat
 
 from . import dispatch, policy, quotas, tracing
 from .clock import db_now
+from .requesters import requester_name
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User as AuthUser
@@ -278,8 +278,13 @@ def proxy_replace(
     user: User = None,
     via: str = RequestedVia.COMMAND,
     idempotency_key: str | None = None,
+    expected_digest: str = "",
 ) -> Operation:
-    """Replace the proxy's VM with a new one built from the current spec."""
+    """Replace the proxy's VM with a new one built from the current spec.
+
+    ``expected_digest``: the VM config digest the confirmation page showed (seed 001, issue
+    14); the worker refuses the replace, before stopping anything, if the VM's config has
+    another digest by then."""
     inputs = _inputs_hash("replace", proxy.pk)
     existing = _by_key(idempotency_key, inputs)
     if existing is not None:
@@ -295,7 +300,15 @@ def proxy_replace(
         locked.phase = Phase.PENDING
         locked.last_error, locked.last_error_class = "", ""
         locked.save(update_fields=["phase", "last_error", "last_error_class", "updated_at"])
-        return _start(locked, OperationKind.REPLACE, user, via, idempotency_key, inputs)
+        return _start(
+            locked,
+            OperationKind.REPLACE,
+            user,
+            via,
+            idempotency_key,
+            inputs,
+            progress=_confirmed(expected_digest),
+        )
 
 
 def proxy_retry(
@@ -377,12 +390,17 @@ def proxy_power(
     user: User = None,
     via: str = RequestedVia.COMMAND,
     idempotency_key: str | None = None,
+    expected_digest: str = "",
 ) -> Operation:
     """Start, gracefully shut down or reboot the proxy's VM (seed 001), as the operator asks:
     ``desired_power`` follows a start or a shutdown. Refused while the proxy's VM is being
     created, replaced or deleted: a power action between those steps would act on a VM that
     is not ready (a start before its seed ISO is attached boots a VM that never gets an
-    address)."""
+    address).
+
+    ``expected_digest``: the VM config digest the confirmation page showed (seed 001, issue
+    14); the worker refuses the action, before its intent and again right before dispatch, if
+    the VM's config has another digest by then."""
     kinds = {
         "start": OperationKind.START,
         "shutdown": OperationKind.SHUTDOWN,
@@ -412,7 +430,15 @@ def proxy_power(
             locked.desired_power = DesiredPower.ON
         locked.save(update_fields=["desired_power", "updated_at"])
         _supersede(locked, action, kinds=_YIELDING)
-        return _start(locked, kinds[action], user, via, idempotency_key, inputs)
+        return _start(
+            locked,
+            kinds[action],
+            user,
+            via,
+            idempotency_key,
+            inputs,
+            progress=_confirmed(expected_digest),
+        )
 
 
 def proxy_converge(*, proxy: Proxy, kind: str, reason: str) -> Operation:
@@ -466,7 +492,7 @@ def operation_for_template_build(
         proxy_name=name[: Operation._meta.get_field("proxy_name").max_length],
         cluster=cluster,
         requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
-        requested_by_name=_requester_name(user, via),
+        requested_by_name=requester_name(user, via),
         requested_via=via,
         progress={"build": build},
     )
@@ -484,7 +510,9 @@ def _start(
     inputs: str,
     *,
     reason: str = "",
+    progress: dict[str, Any] | None = None,
 ) -> Operation:
+    extra = {"progress": progress} if progress else {}
     return _new_operation(
         kind=kind,
         proxy=proxy,
@@ -493,25 +521,22 @@ def _start(
         # An authenticated user is an instance of AUTH_USER_MODEL (auth.User here); the stubs
         # type request.user as AbstractBaseUser and cannot know that.
         requested_by=cast("AuthUser", user) if user is not None and user.is_authenticated else None,
-        requested_by_name=_requester_name(user, via),
+        requested_by_name=requester_name(user, via),
         requested_via=via,
         idempotency_key=idempotency_key or None,
         inputs_hash=inputs,
         reason=reason,
+        **extra,
     )
 
 
-def _requester_name(user: User, via: str) -> str:
-    """Who asked, as text for the audit: the console user's name; for a command, the
-    operating-system user who ran it."""
-    if user is not None and user.is_authenticated:
-        return str(user.get_username())[:150]
-    if via == RequestedVia.COMMAND:
-        try:
-            return getpass.getuser()[:150]
-        except (KeyError, OSError):  # no name for this uid (a container's bare uid)
-            return f"uid {os.getuid()}"
-    return ""
+def _confirmed(expected_digest: str) -> dict[str, Any] | None:
+    """The operation's first progress when a confirmation page bound it to a config digest."""
+    if not expected_digest:
+        return None
+    if not re.fullmatch(r"[0-9a-f]{1,64}", expected_digest):
+        raise ValidationError({"expected_digest": "must be the hexadecimal digest shown"})
+    return {"expected_digest": expected_digest}
 
 
 def _new_operation(**fields: Any) -> Operation:
@@ -577,7 +602,7 @@ def _supersede(
 
 def _past_ceiling(op: Operation) -> bool:
     """Whether ``op`` is older than its kind allows: its next delivery would end it."""
-    return db_now() - op.created_at > policy.ceiling_for(op.kind).age
+    return policy.age_of(op, db_now()) > policy.ceiling_for(op.kind).age
 
 
 def _inputs_hash(*parts: object) -> str:

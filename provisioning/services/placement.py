@@ -25,11 +25,14 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Count, Q
 
-from provisioning.models import Cluster, MachineType, Operation, Proxy
+from provisioning.models import Cluster, Operation, Proxy
 from provisioning.models.choices import ACTIVE_STATES, DesiredState, OperationKind
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.errors import PermanentError, TransientError
+from provisioning.proxmox.node_choice import NodeLoad, PlacementInputs, pick_node
 from provisioning.proxmox.placement import resolve_zone
+
+from .maintenance import nodes_paused
 
 MIB = 1024**2
 
@@ -68,22 +71,54 @@ def choose_node(cluster: Cluster, config: ProxmoxConfig) -> str:
     if len(nodes) > 1 and getattr(settings, "PROXYHUB_ZONE_REQUIRED", False):
         # The seed's rule (entry 3), for a proxy declared before the setting was turned on.
         resolve_zone(config, "")
-    health = _node_health(cluster)
-    if not any(node in health for node in nodes):
-        if len(nodes) == 1:
-            return nodes[0]
-        return _fewest_proxies(cluster, nodes)
-    ready = [node for node in nodes if node in health and health[node].ready]
-    if not ready:
+    return place(cluster, placement_inputs(cluster, config))
+
+
+def place(cluster: Cluster, inputs: PlacementInputs) -> str:
+    """The node ``pick_node`` chooses from ``inputs``; a transient refusal when fresh health
+    says no node is ready (the create retries and proceeds once one is)."""
+    node = pick_node(inputs)
+    if node is None:
         raise TransientError(
-            f"no node of cluster {cluster.name} is ready: " + _reasons(nodes, health),
+            f"no node of cluster {cluster.name} is ready: " + inputs.not_ready_reasons(),
             remediation="see the cluster's node health results; the create retries and "
             "proceeds once a check finds a node ready",
             op="create",
         )
-    if len(ready) == 1:
-        return ready[0]
-    return _most_free_memory(cluster, ready, health)
+    return node
+
+
+def placement_inputs(cluster: Cluster, config: ProxmoxConfig) -> PlacementInputs:
+    """Everything placement reads about ``cluster``'s nodes, in a fixed number of queries
+    however many proxies are placed from it (issue 14: read once per preview)."""
+    # Issue 14: a node in maintenance takes no new VM while another node can; when every node
+    # is in maintenance the choice stands and the create's next write waits for the switch.
+    # Read here, the switch is one of the inputs a confirmed plan is bound to.
+    _, paused = nodes_paused(cluster.pk)
+    nodes = [node for node in config.nodes if node not in paused] or list(config.nodes)
+    health = _node_health(cluster)
+    if len(nodes) == 1 and not health:
+        # The only node, nothing known of it: nothing to rank, nothing more to read.
+        return PlacementInputs(cluster=cluster.name, loads=(NodeLoad(node=nodes[0]),))
+    counts = _counts(cluster, nodes)
+    placing = creates_in_flight(cluster, nodes)
+    reserved = _unseen_memory(cluster, config, nodes, health)
+    loads = []
+    for node in nodes:
+        view = health.get(node)
+        free = view.mem_free_bytes if view is not None else None
+        loads.append(
+            NodeLoad(
+                node=node,
+                proxies=counts.get(node, 0),
+                in_flight=placing[node],
+                checked=view is not None,
+                ready=view.ready if view is not None else True,
+                reason=view.reason if view is not None else "",
+                mem_left_bytes=(free - reserved[node]) if free is not None else None,
+            )
+        )
+    return PlacementInputs(cluster=cluster.name, loads=tuple(loads))
 
 
 def assert_node_ready(cluster: Cluster, node: str) -> None:
@@ -111,12 +146,6 @@ def _present(cluster: Cluster, nodes: list[str]) -> Q:
     return Q(cluster=cluster, desired_state=DesiredState.PRESENT, node__in=nodes)
 
 
-def _fewest_proxies(cluster: Cluster, nodes: list[str]) -> str:
-    counts = _counts(cluster, nodes)
-    placing = creates_in_flight(cluster, nodes)
-    return min(nodes, key=lambda n: (placing[n], counts.get(n, 0), nodes.index(n)))
-
-
 def _counts(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
     return dict(
         Proxy.objects.filter(_present(cluster, nodes))
@@ -126,41 +155,32 @@ def _counts(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
     )
 
 
-def _most_free_memory(
+def _unseen_memory(
     cluster: Cluster,
-    ready: list[str],
+    config: ProxmoxConfig,
+    nodes: list[str],
     health: Mapping[str, NodeHealthView],
-) -> str:
-    """The ready node with the most memory left once our unseen VMs are counted in.
+) -> dict[str, int]:
+    """Per checked node, the memory of our VMs its check could not have seen.
 
-    A VM our check could not have seen (not observed as created before the node's check)
-    will take its machine type's memory there; without that, every create between two checks
-    would pile onto the same node. Nodes whose check did not read the memory come last, then
-    fewer proxies, then config order.
+    A VM not observed as created before the node's check will take its machine type's memory
+    there; without counting it, every create between two checks would pile onto the same node.
     """
-    memory_mib = {
-        key: mib
-        for key, mib in MachineType.objects.filter(cluster=cluster).values_list("key", "memory_mib")
-    }
-    oldest_check = min(health[node].checked_at for node in ready)
-    reserved = dict.fromkeys(ready, 0)
+    reserved = dict.fromkeys(nodes, 0)
+    checked = [node for node in nodes if node in health]
+    if not checked:
+        return reserved
+    oldest_check = min(health[node].checked_at for node in checked)
     unseen = (
-        Proxy.objects.filter(_present(cluster, ready))
+        Proxy.objects.filter(_present(cluster, checked))
         .filter(Q(vm_created_at__isnull=True) | Q(vm_created_at__gt=oldest_check))
         .values_list("node", "machine_type", "vm_created_at")
     )
     for node, machine_type, created in unseen:
         if created is None or created > health[node].checked_at:
-            reserved[node] += memory_mib.get(machine_type, 0) * MIB
-    counts = _counts(cluster, ready)
-    placing = creates_in_flight(cluster, ready)
-
-    def rank(node: str) -> tuple[bool, int, int, int, int]:
-        free = health[node].mem_free_bytes
-        left = (free - reserved[node]) if free is not None else 0
-        return (free is None, placing[node], -left, counts.get(node, 0), ready.index(node))
-
-    return min(ready, key=rank)
+            machine = config.machine_types.get(machine_type)
+            reserved[node] += (machine.memory_mib if machine is not None else 0) * MIB
+    return reserved
 
 
 def creates_in_flight(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
@@ -180,11 +200,3 @@ def creates_in_flight(cluster: Cluster, nodes: list[str]) -> dict[str, int]:
         if zone in placing:
             placing[zone] += 1
     return placing
-
-
-def _reasons(nodes: list[str], health: Mapping[str, NodeHealthView]) -> str:
-    parts = [
-        f"{node} {health[node].reason}" if node in health else f"{node} not checked yet"
-        for node in nodes
-    ]
-    return ", ".join(parts)

@@ -89,14 +89,26 @@ def preflight_proxy(proxy: Proxy, *, deadline_seconds: float = PREFLIGHT_BUDGET)
     return PreflightReport(plan_hash=plan.plan_hash, checks=checks)
 
 
-def plan_for_spec(spec: ProxySpec) -> Plan:
+def plan_for_spec(
+    spec: ProxySpec,
+    *,
+    config: ProxmoxConfig | None = None,
+    placement_node: str | None = None,
+) -> Plan:
     """The plan for a proxy not saved yet (the bulk-create page).
 
     Its UID is drawn when it is created, so the plan has no UID and no VMID candidate; the rest
     is what ``plan_preview`` would show once it exists. A name that is not a DNS label raises
     ``PermanentError``.
+
+    A batch passes its cluster's ``config`` and the node placement gave this proxy
+    (``services.plan_confirmation``), so N plans cost no N reads of the catalogue or of
+    placement's inputs.
     """
-    config = spec.cluster.proxmox_config(installation_id())
+    if config is None:
+        config = spec.cluster.proxmox_config(installation_id())
+    if placement_node is None:
+        placement_node = _placement(spec.cluster, config, zone=spec.zone, observed="")
     return build_plan(
         config,
         uid=None,
@@ -106,7 +118,7 @@ def plan_for_spec(spec: ProxySpec) -> Plan:
         image=spec.image,
         cloud_init_sha256=sealing.digest(spec.cloud_init) if spec.cloud_init else "",
         cloud_init_bytes=len(spec.cloud_init),
-        placement_node=_placement(spec.cluster, config, zone=spec.zone, observed=""),
+        placement_node=placement_node,
         vendor_data_digest=_vendor_digest(config),
         keep_seed_iso=keep_seed_iso(),
     )

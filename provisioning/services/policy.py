@@ -15,7 +15,8 @@ restarted worker pick up a change.
   connections is the circuit breaker's (``services.circuit``), not each operation's.
 * **Ceilings.** An operation whose step failed ``PROXYHUB_MAX_ATTEMPTS`` deliveries in a row,
   or that is older than its kind's ``PROXYHUB_MAX_AGE_*_SECONDS``, ends ``failed`` with the last
-  error: a failure that cannot heal ends and says why instead of retrying for ever.
+  error: a failure that cannot heal ends and says why instead of retrying for ever. Time the
+  operation spent paused by maintenance (issue 14) is not counted: its age is ``age_of``.
 * **Claims.** A delivery running a step holds a claim of ``PROXYHUB_STEP_CLAIM_SECONDS`` that it
   renews while it runs, so a worker killed mid-step frees its step within that time.
 """
@@ -24,11 +25,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from provisioning.models.choices import OperationKind
+
+if TYPE_CHECKING:
+    from provisioning.models import Operation
 
 # Defaults, each the value when its setting is absent.
 STEP_RETRIES_IN_PLACE = 2
@@ -80,6 +85,16 @@ def ceiling_for(kind: str) -> Ceiling:
         attempts=int(_number("PROXYHUB_MAX_ATTEMPTS", MAX_ATTEMPTS)),
         age=timedelta(seconds=_number(_AGE_SETTING[op_kind], MAX_AGE_SECONDS[op_kind])),
     )
+
+
+def age_of(op: Operation, now: datetime) -> timedelta:
+    """How long the operation has been trying: since it was created, less the time maintenance
+    held it (ended pauses in ``paused_seconds``, and the one still on since ``paused_since``).
+    An operator who pauses a node for an hour does not make its operations give up."""
+    paused = float(op.paused_seconds or 0.0)
+    if op.paused_since is not None:
+        paused += max(0.0, (now - op.paused_since).total_seconds())
+    return now - op.created_at - timedelta(seconds=paused)
 
 
 def retries_in_place() -> int:

@@ -15,9 +15,10 @@ What a round does per idle proxy (no operation running):
   recorded on the proxy; under the cluster's ``repair`` drift policy a ``repair`` operation
   sets them back (``proxmox/repair.py``). When the config is read for drift is
   ``services/drift.py``'s rule, which keeps a converged round at one listing.
-Proxies latched ``Failed`` are left for an operator, and so is a power action or replace whose
-latest try failed: the proxy shows why, and the next try is the operator's (every retry has a
-ceiling; reconcile's is one).
+Where maintenance is on (issue 14, ``services/maintenance.py``) a round observes and records as
+usual but starts nothing. Proxies latched ``Failed`` are left for an operator, and so is a power
+action or replace whose latest try failed: the proxy shows why, and the next try is the
+operator's (every retry has a ceiling; reconcile's is one).
 
 **Decisions on fresh state** (issue 10). A listing can take seconds to minutes; meanwhile an
 operator may shut a proxy down, replace it or retry it. So the snapshot only nominates: every
@@ -56,7 +57,7 @@ from provisioning.proxmox.errors import ClassifiedError, NotFoundError, classify
 from provisioning.proxmox.identity import IdentityMismatch
 from provisioning.proxmox.observe import Instance
 
-from . import circuit, drift, operations
+from . import circuit, drift, maintenance, operations
 from .clock import db_now
 from .leases import job_lease
 from .providers import provider_for
@@ -137,6 +138,9 @@ def reconcile_cluster(cluster: Cluster, *, stop_at: float | None = None) -> Coun
         raise error from err
     circuit.circuit_record_success(cluster_id=cluster.pk, breaker=breaker, now=db_now())
     by_vmid = {int(e["vmid"]): e for e in listing if "vmid" in e}
+    # The listing's uptimes are as of no later than this: a start they date is never dated
+    # earlier than it was (``_started_since_identity_read``).
+    now = db_now()
     due = drift.rotation_due((p for p in proxies if p.pk not in busy), now)
     for proxy in proxies:
         if stop_at is not None and time.monotonic() > stop_at:
@@ -171,6 +175,10 @@ def _decide(
         return _recreate("its VM is gone")
     spec = drift.proxy_spec(proxy, provider.config)
     if not _needs_read(proxy, entry, now):
+        if _started_since_identity_read(proxy, entry, now):
+            # Seed 001: the listing cannot show identity, and a VM started since it was last
+            # read may be another one (restored, re-created at the VMID): one config read.
+            return _drift_check(proxy, provider, entry, spec, now)
         if spec is None or not (drift_due or drift.listing_suggests_drift(proxy, entry, spec)):
             return Decision("converged")
         return _drift_check(proxy, provider, entry, spec, now)
@@ -188,6 +196,7 @@ def _decide(
             observed={"last_error": str(err), "last_error_class": ErrorClass.TRANSIENT},
         )
     observed = _observed(instance)
+    observed["identity_checked_at"] = now  # ``get`` compared it (or recorded the first one)
     if spec is not None and instance.sizing is not None:
         observed.update(drift.drift_observed(proxy, spec, instance.sizing, entry, now))
     if proxy.desired_power == DesiredPower.ON and instance.state == "Stopped":
@@ -227,9 +236,11 @@ def _identity_mismatch(err: IdentityMismatch) -> Decision:
 
 
 def _drift_check(
-    proxy: Proxy, provider: Any, entry: Mapping[str, Any], spec: Spec, now: datetime
+    proxy: Proxy, provider: Any, entry: Mapping[str, Any], spec: Spec | None, now: datetime
 ) -> Decision:
-    """One config read of a converged proxy, for its drift alone (``services/drift.py``)."""
+    """One config read of a converged proxy, for its drift (``services/drift.py``) and its
+    identity (seed 001): ``read_sizing`` compares the recorded identity with the config's.
+    Without a spec (its machine type left the catalogue), for the identity alone."""
     try:
         sizing = read_sizing(
             provider.api,
@@ -243,7 +254,10 @@ def _drift_check(
         # Locked, moving, or gone since the listing: the next round's listing tells; the drift
         # check is not due any less for it.
         return Decision("converged")
+    if spec is None:
+        return Decision("identity_checked", {"identity_checked_at": now})
     observed = drift.drift_observed(proxy, spec, sizing, entry, now)
+    observed["identity_checked_at"] = now
     return _with_drift(provider, Decision("drift_checked", observed), settled=True)
 
 
@@ -277,9 +291,8 @@ def _recreate(why: str) -> Decision:
 
 def _needs_read(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
     """Whether the listing alone cannot confirm the proxy's state."""
-    if _started_since_observed(proxy, entry, now):
-        # The listing cannot show identity (seed 001): a VM started since the proxy was last
-        # observed may be another one (restored, or re-created at the VMID) and gets one read.
+    if not (proxy.smbios_uuid or proxy.vmgenid) and _started_since_identity_read(proxy, entry, now):
+        # A proxy from before identity was kept: the full read records the first one.
         return True
     running = entry.get("status") == "running" and not entry.get("lock")
     if proxy.desired_power == DesiredPower.OFF:
@@ -287,18 +300,27 @@ def _needs_read(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
     return not (running and proxy.phase == Phase.RUNNING and proxy.ip)
 
 
-# The listing's figures come from pvestatd's last pass (up to 10 s old, pve-reference §7.9): an
-# ``uptime`` that old makes a start look later than it was, so a start this close to the last
-# observation is taken for the one that observation saw (else every fresh proxy is read twice).
-_RESTART_SLACK = timedelta(seconds=10)
+def _started_since_identity_read(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
+    """Whether the listing shows the VM running since a start later than the last read of its
+    identity (seed 001, issue 14).
 
-
-def _started_since_observed(proxy: Proxy, entry: Mapping[str, Any], now: datetime) -> bool:
-    """Whether the VM's ``uptime`` says it (re)started after the proxy was last observed."""
-    uptime = entry.get("uptime")
-    if proxy.observed_at is None or not isinstance(uptime, int | float) or uptime <= 0:
+    The listing's ``uptime`` comes from pvestatd's last pass, up to 10 s old (pve-reference
+    §7.9), so ``now - uptime`` is never earlier than the real start: a VM restored and started
+    after the last identity read always shows a start after it, however soon it came. The
+    price is the other way round: a start up to 10 s before a read may look like one after
+    it, so a VM read within 10 s of its start is read once more at the next round, and never
+    again (the next read comes a round later). A running VM listed with no uptime yet is
+    judged at the next round. Compared with the last observation instead (before issue 14), a
+    start within 10 s of it had to be taken for the one it saw, and a VM restored then
+    escaped until the next config read."""
+    if entry.get("status") != "running":
         return False
-    return now - timedelta(seconds=float(uptime)) > proxy.observed_at + _RESTART_SLACK
+    uptime = entry.get("uptime")
+    if not isinstance(uptime, int | float) or isinstance(uptime, bool) or uptime <= 0:
+        return False
+    if proxy.identity_checked_at is None:
+        return True  # never read since it was recorded (or from before it was kept)
+    return now - timedelta(seconds=float(uptime)) > proxy.identity_checked_at
 
 
 def _observed(instance: Instance) -> dict[str, Any]:
@@ -337,9 +359,20 @@ def _apply(snapshot: Proxy, decision: Decision) -> str:
             Proxy.objects.filter(pk=proxy.pk).update(**observed)
             for name, value in observed.items():
                 setattr(proxy, name, value)
+        if decision.kind and _in_maintenance(proxy):
+            # Issue 14: observed, recorded, and nothing started; the round after the switch
+            # is off decides again on the state it then finds.
+            return "maintenance"
         if decision.kind:
             operations.proxy_converge(proxy=proxy, kind=decision.kind, reason=decision.reason)
     return decision.name
+
+
+def _in_maintenance(proxy: Proxy) -> bool:
+    """Whether the node the operation would write to (the VM's, else the proxy's zone; none
+    for a create still to be placed) or the whole cluster is in maintenance."""
+    node = proxy.node or proxy.zone
+    return maintenance.maintenance_blocking(proxy.cluster_id, node or ()) is not None
 
 
 def _stale(snapshot: Proxy, now: Proxy) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,13 +23,15 @@ from django.conf import settings
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import OperationKind, Phase
+from provisioning.proxmox import readiness
 from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
-from provisioning.proxmox.errors import NotFoundError, PermanentError
+from provisioning.proxmox.errors import ClassifiedError, NotFoundError, PermanentError
 from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.release import ReleaseRequest
 from provisioning.proxmox.steps import TIMING, StepResult
+from provisioning.proxmox.template_build import TemplateBuildRequest
 from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait, seen_at
 from provisioning.sealing import SealError
 
@@ -39,7 +41,6 @@ from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
 from .seeds import keep_seed_iso
-from .template_builds import build_request
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -122,10 +123,16 @@ def _run_create(
     if result.progress.get("smbios_uuid") or result.progress.get("vmgenid"):
         # Seed 001: recorded as soon as the create made or adopted the VM, so a later create
         # step, observation, power action or delete compares against it.
-        observed.update(
-            smbios_uuid=str(result.progress.get("smbios_uuid") or ""),
-            vmgenid=str(result.progress.get("vmgenid") or ""),
+        found = (
+            str(result.progress.get("smbios_uuid") or ""),
+            str(result.progress.get("vmgenid") or ""),
         )
+        observed.update(smbios_uuid=found[0], vmgenid=found[1])
+        if found != (proxy.smbios_uuid, proxy.vmgenid):
+            # Read from the VM's config by this step (later steps carry it in the record, and
+            # must not date it later). The start comes after, so the first reconcile round
+            # reads the identity once more (reconcile.py, issue 14).
+            observed["identity_checked_at"] = now
     if result.status == "done":
         observed.update(
             phase=Phase.PROVISIONING,
@@ -143,6 +150,9 @@ def _run_create(
             drift_listing="",
         )
         _enter_address(progress, now)
+        # Seed 003's readiness: whether this VM counts as Running only once cloud-init is done,
+        # as the catalogue said when it was created (a later edit affects later VMs only).
+        progress["cloud_init"] = _waits_for_cloud_init(provider, proxy.image)
         # Not finished: the address stage follows, so "done" becomes "continue" here.
         result = StepResult(
             "continue",
@@ -159,7 +169,7 @@ def _run_template_build(
 ) -> Outcome:
     """One stage of a template build (issue 14): the machine's record is ``progress.record``;
     the build's inputs, ``progress.build``, never change."""
-    req = build_request(progress["build"])
+    req = TemplateBuildRequest.from_record(progress["build"])
     record = progress.get("record") or provider.new_template_build_progress()
     result = provider.template_build_step(req, record)
     progress["record"] = result.progress
@@ -196,6 +206,15 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
         if booting is not None:
             return booting
     reading = time.monotonic()
+    if progress.get("cloud_init_ip"):
+        # The address is known; the look is cloud-init's result file alone (one read).
+        ready = _cloud_init_look(op, provider, proxy, progress, now, reading)
+        if ready is not None:
+            return ready
+        if progress.get("cloud_init_ip"):
+            observed: dict[str, Any] = {"phase": Phase.PROVISIONING, "observed_at": now}
+            waited, landed = _waited(progress, now, reading)
+            return _address_wait(op, proxy, progress, observed, waited, landed, "Provisioning")
     try:
         # A VM this create started is watched with one agent read a look (issue 12); what that
         # read cannot settle, and every other VM, gets the full read. The node is known (the
@@ -221,24 +240,76 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
             phase_name="address",
         )
     observed = observed_fields(instance, now)
-    # The wait is measured on the database's clock, like every other age in the loop; ``now``
-    # is when the look was sent, ``landed`` when its answer came back.
-    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
-    landed = waited + (time.monotonic() - reading)
+    if instance.state == "Running" and progress.get("cloud_init"):
+        # Seed 003: the address counts once cloud-init is done; this look reads that too.
+        progress.update(cloud_init_ip=instance.ip, cloud_init_node=instance.node)
+        ready = _cloud_init_look(op, provider, proxy, progress, now, reading)
+        if ready is not None:
+            return ready
+        observed.update(phase=Phase.PROVISIONING, ip=None)
+        waited, landed = _waited(progress, now, reading)
+        return _address_wait(op, proxy, progress, observed, waited, landed, "Provisioning")
+    waited, landed = _waited(progress, now, reading)
     if instance.state == "Running":
-        details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
-        if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
-            # The boot that needed the seed is over: release it (issue 11).
-            progress.update(stage="seed_release", release=provider.new_release_progress())
-            result = StepResult(
-                "continue", progress, "address", message=f"address {instance.ip}", details=details
-            )
-            return Outcome(result, progress, observed, phase_name="address")
+        return _ready(op, provider, proxy, progress, observed, waited, landed, instance.ip)
+    return _address_wait(op, proxy, progress, observed, waited, landed, instance.state)
+
+
+def _waited(progress: dict[str, Any], now: datetime, reading: float) -> tuple[float, float]:
+    """Seconds since the start when the look was sent (``now``) and when its answer came back.
+    The wait is measured on the database's clock, like every other age in the loop."""
+    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
+    return waited, waited + (time.monotonic() - reading)
+
+
+def _ready(
+    op: Operation,
+    provider: Provider,
+    proxy: Proxy,
+    progress: dict[str, Any],
+    observed: dict[str, Any],
+    waited: float,
+    landed: float,
+    ip: str | None,
+) -> Outcome:
+    """The proxy is Running at ``ip``: the boot's timing is learnt and the seed released."""
+    details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
+    if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
+        # The boot that needed the seed is over: release it (issue 11).
+        progress.update(stage="seed_release", release=provider.new_release_progress())
         result = StepResult(
-            "done", progress, "address", message=f"address {instance.ip}", details=details
+            "continue", progress, "address", message=f"address {ip}", details=details
         )
-        return Outcome(result, progress, observed, finished=True, phase_name="address")
+        return Outcome(result, progress, observed, phase_name="address")
+    result = StepResult("done", progress, "address", message=f"address {ip}", details=details)
+    return Outcome(result, progress, observed, finished=True, phase_name="address")
+
+
+def _address_wait(
+    op: Operation,
+    proxy: Proxy,
+    progress: dict[str, Any],
+    observed: dict[str, Any],
+    waited: float,
+    landed: float,
+    state: str,
+) -> Outcome:
+    """Not ready at this look: the next one is planned, or, past the budget, the wait ends.
+
+    Past the budget without an address the proxy stays Provisioning and reconcile keeps
+    watching it. Past it with the address but cloud-init never done (seed 003), reconcile would
+    take the address for readiness, so the create fails and says what to check."""
     if waited > address_budget():
+        if progress.get("cloud_init_ip"):
+            raise PermanentError(
+                f"cloud-init did not report done within {int(waited)} s of the start "
+                f"(the guest has its address {progress['cloud_init_ip']}, but "
+                f"{readiness.RESULT_FILE} is missing)",
+                remediation="check in the guest that cloud-init is installed and enabled in "
+                "the template and what /var/log/cloud-init.log says; or clear "
+                "waitForCloudInit for this template; then retry the proxy",
+                op=str(op.kind),
+            )
         result = StepResult(
             "done",
             progress,
@@ -250,14 +321,70 @@ def _address(op: Operation, provider: Provider, progress: dict[str, Any], now: d
     progress["address_seen"] = seen_at(
         planned=progress.get("address_look_at"), sent=waited, landed=landed, running=True
     )
+    message = f"waiting for the guest agent ({state})"
+    if progress.get("cloud_init_ip"):
+        message = f"waiting for cloud-init to report done (address {progress['cloud_init_ip']})"
     result = StepResult(
         "wait",
         progress,
         "address",
         delay=_plan_address_look(op, proxy, progress, waited),
-        message=f"waiting for the guest agent ({instance.state})",
+        message=message,
     )
     return Outcome(result, progress, observed, phase_name="address")
+
+
+def _waits_for_cloud_init(provider: Provider, image: str) -> bool:
+    """Whether the catalogue's template for ``image`` asks for cloud-init's done (seed 003)."""
+    ref = provider.config.templates.get(image)
+    return bool(ref is not None and ref.wait_for_cloud_init)
+
+
+def _cloud_init_look(
+    op: Operation,
+    provider: Provider,
+    proxy: Proxy,
+    progress: dict[str, Any],
+    now: datetime,
+    reading: float,
+) -> Outcome | None:
+    """One read of cloud-init's result file for a VM whose address is known (``readiness``).
+
+    Done: Running at that address. Failed: the create ends (no wait heals it) with the errors,
+    summarised without the user-data. Not yet: None, the address kept (the caller plans the
+    next look). A read that fails otherwise (the VM stopped, vanished, the privilege is
+    missing) drops the known address and returns None, so the caller's full look decides, as
+    for any VM still booting."""
+    ip = str(progress["cloud_init_ip"])
+    node = str(progress.get("cloud_init_node") or proxy.node)
+    try:
+        status = provider.cloud_init_status(proxy.provider_id, node=node)
+    except ClassifiedError as err:
+        if err.kind == "permanent":
+            raise  # the privilege missing (403): no look heals it; the error names it
+        progress.pop("cloud_init_ip", None)
+        return None
+    if status.state == "done":
+        observed = {"phase": Phase.RUNNING, "ip": ip, "node": node, "observed_at": now}
+        return _ready(op, provider, proxy, progress, observed, *_waited(progress, now, reading), ip)
+    if status.state == "failed":
+        raise PermanentError(
+            f"cloud-init reported {len(status.errors)} error(s) in the guest: "
+            + readiness.summarise(status.errors, user_data=_user_data_or_nothing(proxy)),
+            remediation="read /var/log/cloud-init.log and /var/log/cloud-init-output.log in "
+            "the guest, correct the proxy's cloud-init (or the template), then retry the proxy",
+            op=str(op.kind),
+        )
+    return None
+
+
+def _user_data_or_nothing(proxy: Proxy) -> bytes:
+    """The proxy's cloud-init, to hide it in an error; nothing when it cannot be unsealed (then
+    no error text can be checked against it, and the summary's bounds still apply)."""
+    try:
+        return proxy.cloud_init
+    except SealError:
+        return b""
 
 
 def _first_address_wait(
@@ -361,6 +488,7 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
             identity=Identity(
                 str(target.get("smbios_uuid") or ""), str(target.get("vmgenid") or "")
             ),
+            expected_digest=str(progress.get("expected_digest") or ""),
         )
     proxy = _proxy(op)
     return DeleteRequest(
@@ -368,6 +496,7 @@ def _delete_request(op: Operation, progress: dict[str, Any]) -> DeleteRequest:
         uid=str(proxy.uid),
         vmid=proxy.vmid,
         identity=recorded_identity(proxy),
+        expected_digest=str(progress.get("expected_digest") or ""),
     )
 
 
@@ -429,8 +558,13 @@ def _run_power(
     proxy = _proxy(op)
     # _RUNNERS sends only the power kinds here, and PowerRequest checks the action again.
     action = cast("Action", str(op.kind))
-    req = PowerRequest.from_provider_id(
-        action, proxy.provider_id, str(proxy.uid), recorded_identity(proxy)
+    req = replace(
+        PowerRequest.from_provider_id(
+            action, proxy.provider_id, str(proxy.uid), recorded_identity(proxy)
+        ),
+        # The digest the confirmation page showed (seed 001, issue 14); judged before the
+        # intent and again right before dispatch.
+        expected_digest=str(progress.get("expected_digest") or ""),
     )
     result = provider.power_step(req, progress.get("power") or provider.new_power_progress())
     progress["power"] = result.progress
@@ -472,7 +606,14 @@ def _run_repair(
     progress["repair"] = result.progress
     if result.status != "done":
         return Outcome(result, progress, {})
-    observed: dict[str, Any] = {"drift": [], "drift_checked_at": now, "drift_listing": ""}
+    # The repair wrote the config: the digest seen before it is stale (issue 14), blanked until
+    # the next read records the new one.
+    observed: dict[str, Any] = {
+        "drift": [],
+        "drift_checked_at": now,
+        "drift_listing": "",
+        "config_digest": "",
+    }
     if not result.details.get("rebooted"):
         return Outcome(result, progress, observed, finished=True)
     # Rebooted: the guest comes back and reports its address again.
@@ -532,7 +673,14 @@ def _nodes_created_on(proxy: Proxy) -> list[str]:
 
 
 # What a proxy whose VM is gone records of its identity: nothing, until a create makes one.
-NO_IDENTITY: dict[str, str] = {"smbios_uuid": "", "vmgenid": ""}
+# With the identity goes the config digest last seen of that VM (issue 14): a digest of a VM
+# that is gone or replaced is never offered on a confirmation page.
+NO_IDENTITY: dict[str, Any] = {
+    "smbios_uuid": "",
+    "vmgenid": "",
+    "identity_checked_at": None,
+    "config_digest": "",
+}
 
 
 def recorded_identity(proxy: Proxy) -> Identity:

@@ -124,6 +124,12 @@ def _record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
     return progress.get("create")
 
 
+def step_record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
+    """The record the next step runs from (None: a stage with no task); maintenance reads its
+    node to know where the step writes."""
+    return _record(op_kind, progress)
+
+
 def slot_need(
     op_kind: str, progress: dict[str, Any], *, storage: str = "", iso_storage: str = ""
 ) -> Need:

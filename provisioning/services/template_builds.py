@@ -38,7 +38,6 @@ from provisioning.proxmox.build_inputs import (
     judge_storages,
     parse_checksum,
 )
-from provisioning.proxmox.template_build import TemplateBuildRequest
 
 from .operations import operation_for_template_build
 from .providers import provider_for
@@ -140,24 +139,6 @@ def _build_record(
         "primary": primary,
         "group": group,
     }
-
-
-def build_request(build: dict[str, Any]) -> TemplateBuildRequest:
-    """The step machine's request from an operation's ``build`` record."""
-    return TemplateBuildRequest(
-        uid=build["uid"],
-        key=build["key"],
-        node=build["node"],
-        vmid=int(build["vmid"]),
-        url=build["url"],
-        checksum=build["checksum"],
-        storage=build["storage"],
-        image_storage=build.get("image_storage") or "",
-        bridge=build.get("bridge") or "",
-        disk_device=build.get("disk_device") or "scsi0",
-        disk_gib=int(build.get("disk_gib") or 8),
-        copy=not build.get("primary", True),
-    )
 
 
 def _judge(cluster: Cluster, spec: BuildSpec, node: str) -> Storages:

@@ -375,6 +375,12 @@ PROXYHUB_DRIFT_ROTATION_SHARE = env.float("PROXYHUB_DRIFT_ROTATION_SHARE", defau
 PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS = env.int(
     "PROXYHUB_MAX_AGE_TEMPLATE_BUILD_SECONDS", default=3600
 )
+# Maintenance (issue 14, services/maintenance.py): a step held by a maintenance switch looks
+# again after this many seconds (ending the switch sends it at once; this bounds a lost send).
+# Time held does not count toward the age ceilings above.
+PROXYHUB_MAINTENANCE_RECHECK_SECONDS = env.float(
+    "PROXYHUB_MAINTENANCE_RECHECK_SECONDS", default=15.0
+)
 # The per-cluster circuit breaker: opens after this many connection failures in a row (at once
 # after one that held a worker 2 s or more), defers the cluster's steps for the open interval
 # (doubling after a failed probe, up to the maximum).

@@ -189,7 +189,19 @@ class Pump:
 
     def deliver_one(self) -> None:
         """Deliver the next message (waiting out its countdown), whatever else is queued."""
-        message = heapq.heappop(self.queue)
+        self._deliver(heapq.heappop(self.queue))
+
+    def run_due(self, horizon: float) -> int:
+        """Deliver only the messages due within ``horizon`` seconds (and those they send that
+        are), leaving later ones queued: a step told to look again much later (a maintenance
+        pause's re-check) stays in the queue instead of being waited out."""
+        count = 0
+        while self.queue and self.queue[0].due <= time.monotonic() + horizon:
+            self._deliver(heapq.heappop(self.queue))
+            count += 1
+        return count
+
+    def _deliver(self, message: _Message) -> None:
         pause = message.due - time.monotonic()
         if pause > 0:
             time.sleep(pause)

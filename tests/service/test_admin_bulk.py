@@ -94,6 +94,8 @@ def test_confirm_creates_every_proxy_and_they_run(
         "image",
         "zone",
         "cloud_init_token",
+        "plan_hash",
+        "plan_shown",
     }
     with posting():
         done = client.post(CONFIRM, hidden)

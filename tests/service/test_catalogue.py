@@ -577,6 +577,7 @@ DECLARED = {
     "sourceDiskGiB": 8,
     "guestUser": "debian",
     "copies": {"pv1-1": 9002, "pv1-2": 9003},
+    "waitForCloudInit": True,
 }
 
 
@@ -592,6 +593,7 @@ def test_a_template_declaration_imports_exports_and_round_trips(
         "debian",
     )
     assert row.copies == {"pv1-1": 9002, "pv1-2": 9003}
+    assert row.wait_for_cloud_init is True
     exported = yaml.safe_load(catalogue_export())
     assert exported["templates"]["debian-13"] == DECLARED
     path = tmp_path / "exported.yaml"
@@ -607,6 +609,7 @@ def test_a_template_declaration_imports_exports_and_round_trips(
         ("sourceDiskGiB", 2, "an integer from 4 to 4096"),
         ("guestUser", "root", "not root"),
         ("copies", {"nowhere": 9005}, "a node of this cluster"),
+        ("waitForCloudInit", 1, "true or false"),
         ("colour", "blue", ""),
     ],
 )

@@ -40,6 +40,7 @@ LIST_KEYS = {
     "lastError",
     "createdAt",
     "drift",  # issue 14: added beside DESIGN.md §7's keys (adding is allowed, never removing)
+    "identity",  # issue 14, seed 001: likewise added
 }
 PLACEMENT = ["--cluster", "pvesim", "--machine-type", "small", "--image", "debian-13"]
 
@@ -267,6 +268,19 @@ def test_list_json_has_exactly_the_contract_keys(pump: Pump, sim: Sim) -> None:
     assert alpha["providerId"] == f"vms/{proxy.vmid}/proxy-alpha" and alpha["vmid"] == proxy.vmid
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", alpha["createdAt"])
     assert alpha["lastError"] is None
+    assert alpha["identity"] == {
+        "smbiosUuid": proxy.smbios_uuid,
+        "vmgenid": proxy.vmgenid,
+        "checkedAt": alpha["identity"]["checkedAt"],
+        "mismatch": False,
+    }
+    assert proxy.smbios_uuid and re.fullmatch(r".+T.+Z", alpha["identity"]["checkedAt"])
+    assert beta["identity"] == {
+        "smbiosUuid": None,
+        "vmgenid": None,
+        "checkedAt": None,
+        "mismatch": False,
+    }
     # Nothing observed yet: null, not an empty string.
     assert beta["phase"] == "Pending"
     assert [beta[k] for k in ("providerId", "vmid", "node", "ip", "createdAt")] == [None] * 5

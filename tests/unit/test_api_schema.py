@@ -42,6 +42,7 @@ class RecordingTransport:
         "vm_pending": [],
         "vm_status": {"status": "stopped"},
         "agent_network_interfaces": {"result": []},
+        "agent_file_read": {"content": "{}"},
         "task_status": {"status": "stopped", "exitstatus": "OK"},
         "task_log": [{"n": 1, "t": "TASK OK"}],
         "node_tasks": [],
@@ -180,6 +181,7 @@ INVOCATIONS: dict[str, list[Callable[[Api], object]]] = {
         lambda a: a.destroy("pve1", 100123, purge=False, destroy_unreferenced_disks=False),
     ],
     "agent_network_interfaces": [lambda a: a.agent_network_interfaces("pve1", 100123)],
+    "agent_file_read": [lambda a: a.agent_file_read("pve1", 100123, "/run/cloud-init/result.json")],
     "task_status": [lambda a: a.task_status("pve1", UPID)],
     "node_tasks": [
         lambda a: a.node_tasks("pve1"),

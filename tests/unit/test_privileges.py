@@ -43,6 +43,9 @@ def test_the_role_is_what_the_endpoints_need_and_nothing_administrative() -> Non
     role = set(privileges.role_privileges())
     assert {"VM.Clone", "VM.Allocate", "Datastore.AllocateTemplate", "SDN.Use"} <= role
     assert {"VM.GuestAgent.Audit", "VM.PowerMgmt", "Sys.Audit", "Datastore.Allocate"} <= role
+    # Cloud-init's result file (seed 003's readiness) takes the narrow FileRead, never the
+    # agent's Unrestricted (which runs any command in the guest).
+    assert "VM.GuestAgent.FileRead" in role
     # What proxyhub never asks for stays out: no Sys.Modify, no Permissions.Modify, no
     # cloud-init keys (proxyhub brings its own seed), no console, no migration.
     assert not role & {
@@ -50,6 +53,8 @@ def test_the_role_is_what_the_endpoints_need_and_nothing_administrative() -> Non
         "Permissions.Modify",
         "User.Modify",
         "VM.Config.Cloudinit",
+        "VM.GuestAgent.Unrestricted",
+        "VM.GuestAgent.FileWrite",
         "VM.Console",
         "VM.Migrate",
         "Pool.Allocate",

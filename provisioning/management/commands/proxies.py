@@ -1,4 +1,5 @@
-"""``manage.py proxies``: create, delete, list, wait for and power proxies (DESIGN.md §7).
+"""``manage.py proxies``: create, delete, list, wait for and power proxies (DESIGN.md §7), and
+accept the VM found at a proxy whose identity does not match (seed 001).
 
 A thin door onto ``provisioning.services.operations``: it parses, checks what an operator typed
 (naming the proxy or the file path of every problem; for ``create``, in ``_proxy_specs``),
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -20,8 +22,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from provisioning.models import Proxy
-from provisioning.models.choices import Phase, RequestedVia
-from provisioning.services.operations import proxies_create, proxy_power, proxy_request_delete
+from provisioning.models.choices import ErrorClass, Phase, RequestedVia
+from provisioning.proxmox.errors import ClassifiedError
+from provisioning.services import plan_confirmation
+from provisioning.services.operations import (
+    ProxySpec,
+    proxies_create,
+    proxy_accept_vm,
+    proxy_power,
+    proxy_request_delete,
+)
 
 from ._progress import Progress
 from ._proxy_specs import cluster_named, names_for_count, specs_from_file, specs_from_flags
@@ -48,7 +58,47 @@ Refused whole when the request declares more than PROXYHUB_MAX_BULK_CREATE proxi
 take a cluster past its quotas (maxProxies, maxConcurrentCreates); the message names the limit.
 
 Prints one line per proxy: its name and uid.
+
+Confirming a plan (seed 003, issue 14):
+
+  --dry-run [--json]   print each proxy's plan (node, template, size) and the plan set's
+                       hash; no Proxmox call, nothing written. --json prints planHash, the
+                       proxies' resolved plans and planSet (the document the hash is over).
+  --plan-hash H        create only if the plan is still H; otherwise exit non-zero, nothing
+                       written.
+  --plan-file F        the JSON the dry run printed: as --plan-hash, and a refusal names what
+                       changed (catalogue, placement, spec).
 """
+
+
+def _confirmation(
+    plan_hash: str | None, plan_file: str | None
+) -> tuple[str, dict[str, Any] | None]:
+    """The hash to commit against, and the shown plan set when a ``--plan-file`` gives one."""
+    if plan_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", plan_hash):
+        raise CommandError("--plan-hash must be 64 lower-case hexadecimal digits")
+    if plan_file is None:
+        assert plan_hash is not None
+        return plan_hash, None
+    try:
+        with open(plan_file, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise CommandError(f"--plan-file {plan_file}: cannot be read as JSON ({err})") from err
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("planHash"), str)
+        or not isinstance(data.get("planSet"), dict)
+    ):
+        raise CommandError(
+            f"--plan-file {plan_file}: expected the JSON of `proxies create --dry-run --json` "
+            "(with planHash and planSet)"
+        )
+    if plan_hash is not None and plan_hash != data["planHash"]:
+        raise CommandError(
+            f"--plan-hash {plan_hash} is not the planHash of --plan-file {plan_file}"
+        )
+    return data["planHash"], data["planSet"]
 
 
 def _pause(seconds: float) -> None:
@@ -58,7 +108,8 @@ def _pause(seconds: float) -> None:
 
 class Command(BaseCommand):
     help = (
-        "Manage proxies in bulk: create, delete, list, wait, start, shutdown, reboot. "
+        "Manage proxies in bulk: create, delete, list, wait, start, shutdown, reboot, "
+        "accept-vm. "
         "Run `manage.py proxies ACTION --help` for each action."
     )
 
@@ -84,6 +135,25 @@ class Command(BaseCommand):
             "--zone", metavar="Z", default="", help="a node of the cluster; default: chosen"
         )
         create.add_argument("--cloud-init", metavar="FILE", help="user-data file, sent as is")
+        create.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the plan and its hash; write nothing",
+        )
+        create.add_argument(
+            "--json", action="store_true", help="with --dry-run: print the plan as JSON"
+        )
+        create.add_argument(
+            "--plan-hash",
+            metavar="H",
+            help="create only if the plan is still H (the hash --dry-run printed)",
+        )
+        create.add_argument(
+            "--plan-file",
+            metavar="F",
+            help="the JSON --dry-run --json printed: create only if the plan is still that "
+            "one, and say what changed if not",
+        )
         _key_option(create)
 
         delete = actions.add_parser(
@@ -102,9 +172,10 @@ class Command(BaseCommand):
             help="list proxies",
             description="List every proxy. --json prints an array of objects with the keys "
             "name, uid, cluster, phase, providerId, vmid, node, ip, lastError, createdAt "
-            "(when Proxmox created the VM, RFC 3339) and drift (what differs from the VM's "
-            "spec: a list of field, want, have; empty when in step); what is not known yet "
-            "is null.",
+            "(when Proxmox created the VM, RFC 3339), drift (what differs from the VM's "
+            "spec: a list of field, want, have; empty when in step) and identity (the VM's "
+            "recorded smbiosUuid and vmgenid, checkedAt, and mismatch: true when the VM found "
+            "is not the one recorded); what is not known yet is null.",
         )
         listing.add_argument("--json", action="store_true", help="print JSON")
 
@@ -140,6 +211,20 @@ class Command(BaseCommand):
             power.add_argument("names", nargs="+", metavar="NAME")
             _key_option(power)
 
+        accept = actions.add_parser(
+            "accept-vm",
+            help="accept the VM found at proxies with an identity mismatch",
+            description="Seed 001: the named proxies are Failed because the VM carrying their "
+            "name and mark is not the one recorded (restored from a backup, or created again "
+            "at the VMID). Accepting says it is theirs: its identity is recorded and each "
+            "proxy is provisioned again on it (started if stopped, its seed ISO attached). "
+            "Refused, and nothing done, when any named proxy shows no identity mismatch. "
+            "--json prints an array of objects with the keys name and operation.",
+        )
+        accept.add_argument("names", nargs="+", metavar="NAME")
+        accept.add_argument("--json", action="store_true", help="print JSON")
+        _key_option(accept)
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         if action == "create":
@@ -150,6 +235,8 @@ class Command(BaseCommand):
             self._list(options)
         elif action == "wait":
             self._wait(options)
+        elif action == "accept-vm":
+            self._accept_vm(options)
         else:
             self._power(action, options["names"], options["idempotency_key"])
 
@@ -175,16 +262,56 @@ class Command(BaseCommand):
             elif options["prefix"]:
                 raise CommandError("--prefix goes with --count N")
             specs = specs_from_flags(names, options)
+        if options["json"] and not options["dry_run"]:
+            raise CommandError("--json goes with --dry-run")
+        if options["dry_run"]:
+            if options["plan_hash"] or options["plan_file"]:
+                raise CommandError("--dry-run writes nothing; drop --plan-hash and --plan-file")
+            self._dry_run(specs, as_json=options["json"])
+            return
         try:
-            operations = proxies_create(
-                specs=specs, via=RequestedVia.COMMAND, idempotency_key=options["idempotency_key"]
-            )
+            if options["plan_hash"] or options["plan_file"]:
+                plan_hash, shown = _confirmation(options["plan_hash"], options["plan_file"])
+                operations = plan_confirmation.commit(
+                    specs,
+                    plan_hash=plan_hash,
+                    shown=shown,
+                    via=RequestedVia.COMMAND,
+                    idempotency_key=options["idempotency_key"],
+                )
+            else:
+                operations = proxies_create(
+                    specs=specs,
+                    via=RequestedVia.COMMAND,
+                    idempotency_key=options["idempotency_key"],
+                )
+        except ClassifiedError as err:
+            raise CommandError(f"nothing was created: {err}") from err
         except ValidationError as err:
             raise CommandError(f"nothing was created: {_text(err)}") from err
         width = max(len(op.proxy_name) for op in operations)
         for op in operations:
             assert op.proxy is not None
             self.stdout.write(f"{op.proxy_name:<{width}}  {op.proxy.uid}")
+
+    def _dry_run(self, specs: list[ProxySpec], *, as_json: bool) -> None:
+        """The plan set (seed 003, issue 14): no Proxmox call, nothing written."""
+        try:
+            plan_set = plan_confirmation.plan_set_for(specs)
+        except (ClassifiedError, ValueError) as err:
+            raise CommandError(f"the plan cannot be made: {err}") from err
+        if as_json:
+            self.stdout.write(json.dumps(plan_set.as_dict(), indent=2))
+            return
+        width = max(len(name) for name, _ in plan_set.plans)
+        for name, plan in plan_set.plans:
+            self.stdout.write(
+                f"{name:<{width}}  node {plan.node} ({plan.node_source})  template "
+                f"{plan.template_vmid}  {plan.cores} cores {plan.memory_mib} MiB"
+                + (f" {plan.disk_gib} GiB" if plan.disk_gib else "")
+            )
+        self.stdout.write(f"plan hash {plan_set.plan_hash}")
+        self.stdout.write("nothing was created; run again with --plan-hash to create this plan")
 
     # --- delete ---------------------------------------------------------------------------
 
@@ -326,6 +453,42 @@ class Command(BaseCommand):
             progress.line(f"{proxy.name}  {action}  operation {op.pk}")
         self.stdout.write(f"{action}: {_count(len(done), 'proxy', 'proxies')}")
 
+    # --- accept-vm (seed 001) ---------------------------------------------------------------
+
+    def _accept_vm(self, options: Mapping[str, Any]) -> None:
+        """The door the admin action "Accept the VM found…" also opens: one service call per
+        proxy, all in one transaction, so one refusal leaves every proxy as it was."""
+        proxies = _proxies_named(options["names"])
+        key = options["idempotency_key"]
+        done, refused = [], []
+        with transaction.atomic():
+            for proxy in proxies:
+                if proxy.last_error_class != ErrorClass.IDENTITY:
+                    refused.append(
+                        f"{proxy.name}: shows no identity mismatch (phase {proxy.phase}); there "
+                        "is no found VM to accept"
+                    )
+                    continue
+                try:
+                    op = proxy_accept_vm(
+                        proxy=proxy,
+                        via=RequestedVia.COMMAND,
+                        idempotency_key=_key(key, "accept-vm", proxy.name),
+                    )
+                except ValidationError as err:
+                    refused.append(f"{proxy.name}: {_text(err)}")
+                else:
+                    done.append((proxy, op))
+            if refused:
+                raise CommandError(f"accept-vm refused, nothing was done: {'; '.join(refused)}")
+        if options["json"]:
+            rows = [{"name": p.name, "operation": str(op.pk)} for p, op in done]
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        for proxy, op in done:
+            self.stdout.write(f"{proxy.name}  accept-vm  operation {op.pk}")
+        self.stdout.write(f"accepted: {_count(len(done), 'proxy', 'proxies')}")
+
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -375,7 +538,8 @@ def _as_json(proxy: Proxy) -> dict[str, Any]:
     """One proxy in ``list --json``'s contract (DESIGN.md §7): exactly these keys; what is not
     known yet is null. ``createdAt`` is when Proxmox created the VM (from its mark, seed 000
     entry 8), as DESIGN.md §4 lists it among the observed fields. ``drift`` (issue 14, added
-    beside the contract's keys) lists what differs from the VM's spec."""
+    beside the contract's keys) lists what differs from the VM's spec; ``identity`` is seed
+    001's."""
     return {
         "name": proxy.name,
         "uid": str(proxy.uid),
@@ -391,6 +555,14 @@ def _as_json(proxy: Proxy) -> dict[str, Any]:
             {"field": d.get("field"), "want": d.get("want"), "have": d.get("have")}
             for d in proxy.drift or []
         ],
+        # Seed 001 (issue 14, added beside the contract's keys): the identity recorded for the
+        # VM, when a read last compared it, and whether the VM found is another one.
+        "identity": {
+            "smbiosUuid": proxy.smbios_uuid or None,
+            "vmgenid": proxy.vmgenid or None,
+            "checkedAt": _rfc3339(proxy.identity_checked_at),
+            "mismatch": proxy.last_error_class == ErrorClass.IDENTITY,
+        },
     }
 
 
