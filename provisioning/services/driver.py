@@ -78,30 +78,57 @@ LEASE_WAIT_SECONDS = 2.0
 # that timed out to clear, short enough that it costs a fraction of a second. Other faults are
 # tried again without a pause.
 IN_PLACE_PAUSE_SECONDS = 0.1
+# At most this many steps of one operation run in one delivery, for at most this long, when each
+# next step is due at once and no other operation's step is (``operation_run_step``).
+CHAIN_STEPS = 8
+CHAIN_SECONDS = 5.0
 
 
 def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "") -> None:
-    """Run at most one step of the operation; see the module docstring. ``trace_parent`` is the
-    trace context the message carried (services.tracing); the operation's row has it too.
+    """Run a step of the operation; see the module docstring. ``trace_parent`` is the trace
+    context the message carried (services.tracing); the operation's row has it too.
 
     When the step gave a task slot back to a waiting step (services.slots), that step runs
     next, here: the slot's node gets its next task now rather than after the waiter's message
     has waited its turn in the queue behind every other step. Its message is queued as well;
     whichever delivery comes second finds the step taken and exits. One such step per delivery:
-    what that one frees waits for its message."""
-    with slots.collecting_woken() as woken:
-        _run_one(operation_id=operation_id, token=token, trace_parent=trace_parent)
-    for waiter in woken[:1]:
-        _run_one(
-            operation_id=waiter.operation_id, token=waiter.token, trace_parent=waiter.trace_parent
-        )
+    what that one frees waits for its message.
+
+    A step whose next step is due at once, while no other operation's step is due, runs that
+    next step here too instead of sending it through the broker (``_others_due``), up to
+    ``CHAIN_STEPS`` steps and ``CHAIN_SECONDS``: one proxy's create no longer pays a broker
+    round trip between a task's end and the next submission, and a busy worker still serves
+    every due step in its turn."""
+    started = time.monotonic()
+    for run in range(CHAIN_STEPS):
+        may_chain = run + 1 < CHAIN_STEPS and time.monotonic() - started < CHAIN_SECONDS
+        with slots.collecting_woken() as woken:
+            chained = _run_one(
+                operation_id=operation_id,
+                token=token,
+                trace_parent=trace_parent,
+                may_chain=may_chain,
+            )
+        for waiter in woken[:1]:
+            _run_one(
+                operation_id=waiter.operation_id,
+                token=waiter.token,
+                trace_parent=waiter.trace_parent,
+            )
+        if chained is None:
+            return
+        token = chained
 
 
-def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
+def _run_one(
+    *, operation_id: str, token: str, trace_parent: str, may_chain: bool = False
+) -> str | None:
+    """Run one step; returns the token of the operation's next step when this delivery is to
+    run it too (no message was sent for it), else None."""
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:
-        return
+        return None
     op = Operation.objects.select_related("proxy", "cluster", "cluster__circuit").get(
         pk=operation_id
     )
@@ -119,7 +146,7 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
     ceiling = policy.ceiling_for(op.kind)
     if policy.age_of(op, now) > ceiling.age:
         _persist(op, claim, _gave_up(op, f"it is older than {_span(ceiling.age)}"), now, 0.0)
-        return
+        return None
     breaker = _breaker(op)
     admission = circuit.ALLOWED
     if op.cluster is not None:
@@ -134,17 +161,19 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
     if not admission.allowed:
         wait = max(0.0, ((admission.until or now) - now).total_seconds())
         _defer(op, claim, now, wait, note=admission.note)
-        return
+        return None
     if not leases.proxy_lease_take(operation=op):
         _defer(op, claim, now, LEASE_WAIT_SECONDS * random.uniform(0.75, 1.25))
-        return
+        return None
     need = slots.need_of(op)
+    held: list[slots.Held] | None = None
     if need.keys:
         # A step about to submit a task first takes a slot of its node (services.slots).
-        waiting_for = slots.slots_take(operation=op, need=need, now=now)
+        held = slots.slots_held(operation=op)
+        waiting_for = slots.slots_take(operation=op, need=need, now=now, held=held)
         if waiting_for is not None:
             slots.slot_wait(operation=op, claim=claim, key=waiting_for, now=now)
-            return
+            return None
     started = time.monotonic()
     with (
         claims.claim_renewed(operation_id=str(op.pk), claim=claim),
@@ -153,9 +182,11 @@ def _run_one(*, operation_id: str, token: str, trace_parent: str) -> None:
         outcome = _attempt(op)
         span.ended(outcome)
     seconds = time.monotonic() - started
-    _persist(op, claim, outcome, db_now(), seconds)
-    _record_reachability(op, outcome, breaker, seconds)
+    ended = db_now()
+    chained = _persist(op, claim, outcome, ended, seconds, held=held, may_chain=may_chain)
+    _record_reachability(op, outcome, breaker, seconds, ended)
     _learn_duration(op, outcome)
+    return chained
 
 
 # --- one attempt, retried in place -------------------------------------------------------------
@@ -299,12 +330,16 @@ def _defer(
 
 
 def _record_reachability(
-    op: Operation, outcome: Outcome, breaker: CircuitBreaker | None, seconds: float
+    op: Operation,
+    outcome: Outcome,
+    breaker: CircuitBreaker | None,
+    seconds: float,
+    now: datetime,
 ) -> None:
+    """``now``: when the step's answer came back (the journal's time of the step)."""
     if op.cluster_id is None:
         return
     error = outcome.result.error if outcome.result.status == "error" else None
-    now = db_now()
     if error is not None and error.unreachable:
         circuit.circuit_record_failure(
             cluster_id=op.cluster_id, error=str(error), now=now, seconds=seconds
@@ -329,27 +364,30 @@ def _learn_duration(op: Operation, outcome: Outcome) -> None:
 # --- the journal -------------------------------------------------------------------------
 
 
-def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float) -> None:
+def _persist(
+    op: Operation,
+    claim: str,
+    outcome: Outcome,
+    now: datetime,
+    seconds: float,
+    *,
+    held: list[slots.Held] | None = None,
+    may_chain: bool = False,
+) -> str | None:
+    """Journal the step and apply what it changed, in one transaction under the proxy's row
+    lock; ``held``: the slots the step found held (``slots.slots_take``), None to read them.
+    Returns the next step's token when the caller runs it itself (``may_chain``: it may, when
+    nothing else is due: ``_others_due``); then no message is sent for it."""
     result = outcome.result
     token = ""
     delay = 0.0
-    finished = False
+    chain = False
     with transaction.atomic():
         if op.proxy_id is not None:
             # Lock order: the proxy row first, then its operations, as the intent services
             # do (proxy_request_delete and friends); the other order deadlocks on PostgreSQL.
             list(Proxy.objects.select_for_update().filter(pk=op.proxy_id).values_list("pk"))
-        still_ours = Operation.objects.filter(
-            pk=op.pk, claim_token=claim, state__in=ACTIVE_STATES
-        ).exists()
         journal_step(op, outcome, now)
-        if not still_ours:
-            # Superseded while the step ran: keep the receipt above, apply nothing else.
-            slots.slots_keep(operation=op, keys=(), now=now)
-            Operation.objects.filter(pk=op.pk, claim_token=claim).update(
-                claim_token="", claim_expires_at=None
-            )
-            return
         updates: dict[str, Any] = {
             "progress": outcome.progress,
             "claim_token": "",
@@ -377,10 +415,6 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 state=OperationState.WAITING if result.status == "wait" else OperationState.RUNNING,
             )
         finished = updates["state"] in (OperationState.SUCCEEDED, OperationState.FAILED)
-        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
-        slots.slots_keep(
-            operation=op, keys=() if finished else _slots_to_keep(op, outcome), now=now
-        )
         if not finished:
             token = secrets.token_hex(8)
             updates.update(
@@ -389,7 +423,25 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
                 dispatched_at=now,
                 redispatches=0,
             )
-        Operation.objects.filter(pk=op.pk).update(**updates)
+        # Applied only while the claim is still ours and the operation unfinished: the row
+        # count says whether it was superseded while the step ran (decided under the proxy's
+        # lock, on the operation's row itself).
+        if not Operation.objects.filter(
+            pk=op.pk, claim_token=claim, state__in=ACTIVE_STATES
+        ).update(**updates):
+            # Superseded: keep the receipt journalled above, apply nothing else.
+            slots.slots_keep(operation=op, keys=(), now=now, held=held)
+            Operation.objects.filter(pk=op.pk, claim_token=claim).update(
+                claim_token="", claim_expires_at=None
+            )
+            return None
+        # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
+        slots.slots_keep(
+            operation=op,
+            keys=() if finished else _slots_to_keep(op, outcome),
+            now=now,
+            held=held,
+        )
         if outcome.template is not None and updates["state"] == OperationState.SUCCEEDED:
             # Issue 14: the catalogue records the template in the commit that ends its build.
             op.progress = outcome.progress
@@ -402,11 +454,31 @@ def _persist(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds
             Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
             if outcome.delete_proxy and updates["state"] == OperationState.SUCCEEDED:
                 Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
+        chain = bool(token) and may_chain and delay == 0.0 and not _others_due(op, now)
+    if chain:
+        return token
     if token:
         dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
     elif finished:
         state = str(updates["state"])
         transaction.on_commit(lambda: tracing.operation_span_end(op, state, now))
+    return None
+
+
+def _others_due(op: Operation, now: datetime) -> bool:
+    """Whether another operation's step is due with its message out (queued or held by a
+    worker until its countdown ends): then the next step of ``op`` takes its turn through the
+    broker instead of running ahead of it. A waiter just handed a slot counts (it is due now).
+
+    Not sending the chained step's message is safe: until this delivery claims it (next, in the
+    same process), the step is due with no claim, and a worker that died in between leaves it
+    to the sweeper's overdue re-send, as any lost message."""
+    return (
+        Operation.objects.filter(state__in=ACTIVE_STATES, next_step_at__lte=now + claims.DUE_SLACK)
+        .exclude(dispatch_token="")
+        .exclude(pk=op.pk)
+        .exists()
+    )
 
 
 def _slots_to_keep(op: Operation, outcome: Outcome) -> tuple[str, ...]:

@@ -45,8 +45,12 @@ def proxy_lease_take(*, operation: Operation) -> bool:
     if proxy_id is None:
         return True  # nothing to hold: the proxy row is gone (a delete that finished)
     # The fast path: a lease already ours stays ours while we are unfinished, and we are
-    # (our delivery holds the claim of an active operation).
-    if Proxy.objects.filter(pk=proxy_id, lease_operation=operation.pk).exists():
+    # (our delivery holds the claim of an active operation). The driver reads the proxy with
+    # the operation, after taking the claim: that row answers without another query.
+    if Operation.proxy.is_cached(operation):
+        if operation.proxy is not None and operation.proxy.lease_operation_id == operation.pk:
+            return True
+    elif Proxy.objects.filter(pk=proxy_id, lease_operation=operation.pk).exists():
         return True
     with transaction.atomic():
         row = (

@@ -177,32 +177,51 @@ def _limit(key: str) -> int:
 # --- taking ----------------------------------------------------------------------------------
 
 
-def _take_one(op: Operation, key: str, now: datetime) -> bool:
-    """Hold a slot of ``key`` for ``op`` (already held counts); a limit of 0 means no limit."""
+@dataclass(frozen=True)
+class Held:
+    """A slot row an operation holds."""
+
+    pk: int
+    cluster_id: Any
+    key: str
+    seq: int
+
+
+def slots_held(*, operation: Operation) -> list[Held]:
+    """Every slot ``operation`` holds now (one query): a step reads them once, takes what it
+    lacks (``slots_take``) and gives back what it no longer needs (``slots_keep``) from them."""
+    rows = TaskSlot.objects.filter(operation_id=operation.pk).values_list(
+        "pk", "cluster_id", "key", "seq"
+    )
+    return [Held(*row) for row in rows]
+
+
+def _take_one(op: Operation, key: str, now: datetime) -> Held | bool:
+    """Take a free slot of ``key`` for ``op``: the slot taken, True when the key has no limit
+    (0), False when none is free."""
     limit = _limit(key)
     if limit == 0:
         return True
-    if TaskSlot.objects.filter(key=key, operation_id=op.pk).exists():
-        return True
     for attempt in range(2):
-        for pk in _free_slots(op.cluster_id, key, limit):
+        for pk, seq in _free_slots(op.cluster_id, key, limit):
             # The row count decides: PostgreSQL re-checks "still free" on the row it waited
             # for, SQLite runs one writer at a time.
             if TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
                 operation_id=op.pk, taken_at=now
             ):
-                return True
+                return Held(pk, op.cluster_id, key, seq)
         if attempt == 0 and not _ensure_rows(op.cluster_id, key, limit):
             return False
     return False
 
 
-def _free_slots(cluster_id: Any, key: str, limit: int) -> list[int]:
-    """The key's slots that looked free just now (another taker may take one meanwhile)."""
+def _free_slots(cluster_id: Any, key: str, limit: int) -> list[tuple[int, int]]:
+    """The key's slots (pk, seq) that looked free just now (another taker may take one
+    meanwhile)."""
     return list(
         TaskSlot.objects.filter(
             cluster_id=cluster_id, key=key, seq__lt=limit, operation__isnull=True
-        ).values_list("pk", flat=True)
+        ).values_list("pk", "seq")
     )
 
 
@@ -222,19 +241,32 @@ def _ensure_rows(cluster_id: Any, key: str, limit: int) -> bool:
     return bool(missing)
 
 
-def slots_take(*, operation: Operation, need: Need, now: datetime) -> str | None:
+def slots_take(
+    *, operation: Operation, need: Need, now: datetime, held: list[Held] | None = None
+) -> str | None:
     """Hold every slot ``need`` names; returns None when held, else the key it waits for.
+    ``held``: the operation's slots as ``slots_held`` read them, extended with those taken here
+    (read when not given).
 
     A waiting operation is recorded as a waiter in a transaction of its own before it looks one
     last time: whoever frees a slot after that look sees the waiter and hands it the slot, and
     whoever freed one before it left it free for that look. No wake-up falls between the two.
     """
+    if held is None:
+        held = slots_held(operation=operation)
+    waited = False
     for key in need.keys:
+        if any(h.key == key for h in held):
+            continue
         with transaction.atomic():
-            if _take_one(operation, key, now):
-                continue
+            taken = _take_one(operation, key, now)
+        if taken:
+            if isinstance(taken, Held):
+                held.append(taken)
+            continue
         if need.in_flight:
             continue  # the task runs anyway: poll it, and count it once a slot frees
+        waited = True
         with transaction.atomic():
             SlotWaiter.objects.get_or_create(
                 operation_id=operation.pk,
@@ -244,10 +276,19 @@ def slots_take(*, operation: Operation, need: Need, now: datetime) -> str | None
                 key=key, since=now
             )
         with transaction.atomic():
-            if not _take_one(operation, key, now):
-                return key
-    SlotWaiter.objects.filter(operation_id=operation.pk).delete()
-    _journal_wait_close(operation, now)
+            taken = _take_one(operation, key, now)
+        if not taken:
+            return key
+        if isinstance(taken, Held):
+            held.append(taken)
+    if waited or (not need.in_flight and operation.state == OperationState.WAITING):
+        # Only an operation that waited has a waiter row or an open wait in its journal:
+        # ``slot_wait`` left it ``waiting`` (a release that hands it the slot deletes the row
+        # and leaves the state). A poll never records a waiter, and a step that ran since
+        # closed both; the journal closes a wait row left open by any other path when it
+        # records the next step.
+        SlotWaiter.objects.filter(operation_id=operation.pk).delete()
+        _journal_wait_close(operation, now)
     return None
 
 
@@ -315,12 +356,24 @@ _OPEN_STATES = (StepState.RUNNING, StepState.WAITING, StepState.RETRYING, StepSt
 # --- giving back -------------------------------------------------------------------------------
 
 
-def slots_keep(*, operation: Operation, keys: tuple[str, ...], now: datetime) -> None:
+def slots_keep(
+    *,
+    operation: Operation,
+    keys: tuple[str, ...],
+    now: datetime,
+    held: list[Held] | None = None,
+) -> None:
     """Give back every slot ``operation`` holds except ``keys``, each to the oldest waiter of
-    its key. Call inside the transaction that journals the step."""
-    held = TaskSlot.objects.filter(operation_id=operation.pk).exclude(key__in=keys)
-    for pk, cluster_id, key, seq in held.values_list("pk", "cluster_id", "key", "seq"):
-        _release(pk, cluster_id, key, seq, operation.pk, now)
+    its key. Call inside the transaction that journals the step. ``held``: what the step's
+    ``slots_take`` found held (read here when not given). It stays exact while the step runs:
+    only the holder gives its slots back, a release hands slots only to waiters, and the
+    sweeper frees only slots whose holder has no live claim (a release of a slot no longer
+    ours changes no row)."""
+    if held is None:
+        held = slots_held(operation=operation)
+    for slot in held:
+        if slot.key not in keys:
+            _release(slot.pk, slot.cluster_id, slot.key, slot.seq, operation.pk, now)
 
 
 def _release(pk: int, cluster_id: Any, key: str, seq: int, holder: Any, now: datetime) -> None:

@@ -183,10 +183,13 @@ class Pump:
         while self.queue:
             if count >= max_deliveries or time.monotonic() > deadline:
                 raise AssertionError(f"the pump did not drain: {len(self.queue)} messages left")
-            self._deliver(heapq.heappop(self.queue))
+            self.deliver_one()
             count += 1
-        self.delivered += count
         return count
+
+    def deliver_one(self) -> None:
+        """Deliver the next message (waiting out its countdown), whatever else is queued."""
+        self._deliver(heapq.heappop(self.queue))
 
     def run_due(self, horizon: float) -> int:
         """Deliver only the messages due within ``horizon`` seconds (and those they send that
@@ -196,7 +199,6 @@ class Pump:
         while self.queue and self.queue[0].due <= time.monotonic() + horizon:
             self._deliver(heapq.heappop(self.queue))
             count += 1
-        self.delivered += count
         return count
 
     def _deliver(self, message: _Message) -> None:
@@ -209,6 +211,7 @@ class Pump:
             token=message.token,
             trace_parent=message.trace_parent,
         )
+        self.delivered += 1
 
     def drop_all(self) -> int:
         """Lose every queued message (a broker that forgot them)."""

@@ -606,23 +606,25 @@ class ControlLoop(RuleBasedStateMachine):
         self.kills += 1
         raise WorkerKilled
 
-    def _persisting(self, persist: Callable[..., None]) -> Callable[..., None]:
+    def _persisting(self, persist: Callable[..., str | None]) -> Callable[..., str | None]:
         """``driver._persist`` with the two commit seams: before (the journal transaction is
         rolled back, as a dead connection's is) and after (committed, the next message never
         sent)."""
 
-        def persisting(*args: Any) -> None:
+        def persisting(*args: Any, **kwargs: Any) -> str | None:
             seam = self.kill.seam if self.delivering and self.kill else ""
             if seam == "before the commit":
                 with transaction.atomic():
-                    persist(*args)
+                    chained = persist(*args, **kwargs)
                     self.at_seam(seam)
             elif seam == "after the commit":
                 with mock.patch.object(dispatch, "send_after_commit", lambda *a, **k: None):
-                    persist(*args)
+                    chained = persist(*args, **kwargs)
                 self.at_seam(seam)
             else:
-                persist(*args)
+                chained = persist(*args, **kwargs)
+            # The token of a next step the delivery runs itself (driver): passed through.
+            return chained
 
         return persisting
 

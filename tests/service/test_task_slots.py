@@ -115,11 +115,7 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     """The waiter's message goes to the back of the queue; the step that gave the slot back
     runs the waiter's step at once, so the node gets its next task without that round trip."""
     _creates(pump, sim, CAP + 1)
-    for _ in range(8 * (CAP + 1)):
-        if SlotWaiter.objects.exists():
-            break
-        _deliver_one(pump)
-    (waiter,) = SlotWaiter.objects.all()
+    waiter = _first_waiter(pump)
     clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
     assert clones == CAP
     while SlotWaiter.objects.exists():
@@ -133,16 +129,44 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
 
 
+def test_a_waiter_that_takes_a_free_slot_itself_leaves_no_waiter_row_behind(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """A waiting step whose wake-up never came (a slot freed with no hand-off, a lost message)
+    is sent again by the sweeper and takes the free slot itself. Its waiter row and its wait in
+    the journal end there: a row left behind would later hand it a second slot of the node."""
+    _creates(pump, sim, CAP + 1)
+    waiter = _first_waiter(pump)
+    pump.drop_all()
+    # A slot comes free without a hand-off, and the waiter's fallback message is due.
+    other = TaskSlot.objects.exclude(operation=None).exclude(operation=waiter.operation_id).first()
+    assert other is not None
+    TaskSlot.objects.filter(pk=other.pk).update(operation=None, taken_at=None)
+    Operation.objects.filter(pk=waiter.operation_id).update(next_step_at=db_now())
+    op = Operation.objects.get(pk=waiter.operation_id)
+    assert op.state == OperationState.WAITING
+    pump.send(str(op.pk), op.dispatch_token)
+    _deliver_one(pump)
+    op.refresh_from_db()
+    assert op.progress["create"]["stage"] == "clone_wait"
+    assert not SlotWaiter.objects.filter(operation_id=op.pk).exists()
+    assert TaskSlot.objects.filter(operation=op.pk).count() == 1
+    wait = OperationStep.objects.get(operation=op, name=slots.WAIT_STEP)
+    assert wait.finished_at is not None
+
+
 def _deliver_one(pump: Pump) -> None:
-    import heapq
+    pump.deliver_one()
 
-    from provisioning.services import driver
 
-    message = heapq.heappop(pump.queue)
-    pause = message.due - time.monotonic()
-    if pause > 0:
-        time.sleep(pause)
-    pump.call(driver.operation_run_step, operation_id=message.operation_id, token=message.token)
+def _first_waiter(pump: Pump) -> SlotWaiter:
+    """Deliver steps one at a time until one waits for a slot; that waiter."""
+    for _ in range(8 * (CAP + 1)):
+        if SlotWaiter.objects.exists():
+            break
+        _deliver_one(pump)
+    (waiter,) = SlotWaiter.objects.all()
+    return waiter
 
 
 # --- taking: never two winners for the last slot --------------------------------------------
@@ -164,11 +188,11 @@ def test_a_taker_whose_view_of_free_slots_went_stale_does_not_take_one(
     raced: list[bool] = []
     racing: list[bool] = []
 
-    def read_then_lose_the_race(*args: Any) -> list[int]:
+    def read_then_lose_the_race(*args: Any) -> list[tuple[int, int]]:
         free = read(*args)
         if not racing:
             racing.append(True)
-            raced.append(slots._take_one(other, KEY, now))
+            raced.append(bool(slots._take_one(other, KEY, now)))
         return free
 
     monkeypatch.setattr(slots, "_free_slots", read_then_lose_the_race)
@@ -199,7 +223,7 @@ def test_two_connections_racing_for_the_last_slot_never_both_win(sim: Sim, cappe
         try:
             barrier.wait(5)
             with transaction.atomic():
-                won.append(slots._take_one(op, KEY, now))
+                won.append(bool(slots._take_one(op, KEY, now)))
                 time.sleep(0.3)  # hold the row: the other taker waits on it, then re-checks
         except BaseException as err:
             errors.append(err)

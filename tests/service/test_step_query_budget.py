@@ -1,0 +1,106 @@
+"""The database work of one step (issue 12): with one worker process, a fleet's makespan is the
+sum of its step deliveries, and most of a delivery is the control loop's own SQL. Each step of a
+warm create (a delivery may run several, services/driver.py) stays within a budget of statements,
+counted through Django's connection (the queries are the measure; no wall-clock figure).
+
+Counted: statements that read or write a table. Savepoints and the PostgreSQL clock read
+(``services.clock``) are left out so the budget is the same on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from pump import Pump, Sim, proxy_spec
+
+from provisioning.models import Operation, OperationStep, Proxy
+from provisioning.models.choices import Phase
+from provisioning.services import driver, operations
+
+pytestmark = pytest.mark.django_db
+
+# A poll of a running task that finds it ended (it also teaches the duration estimate): claim,
+# operation read, held slots, the proxy's row lock, the journal's open row and its update, the
+# operation's and the proxy's updates, the estimate's read and write. Before this budget: 15.
+POLL_BUDGET = 10
+# A poll whose next step needs no slot also gives its slot back and looks for a waiter to hand
+# it to.
+RELEASE = 2
+# A step whose next step is due at once looks whether another operation's step is due before it
+# runs that next step itself (driver._others_due): one query instead of a broker round trip.
+CHAIN_CHECK = 1
+# Any step of a warm create after its first (the first places the proxy). Before: up to 20.
+STEP_BUDGET = 13
+
+
+def _table_statements(captured: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for query in captured:
+        sql = query["sql"].strip()
+        upper = sql.upper()
+        if upper.startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")):
+            continue
+        if "CLOCK_TIMESTAMP()" in upper:
+            continue
+        out.append(sql)
+    return out
+
+
+def _releases(sql: str) -> bool:
+    return sql.startswith('UPDATE "provisioning_taskslot"') and '"operation_id" = NULL' in sql
+
+
+def _chain_check(sql: str) -> bool:
+    return sql.startswith('SELECT 1 AS "a" FROM "provisioning_operation"') and (
+        '"next_step_at" <=' in sql
+    )
+
+
+def _extra(sql: list[str]) -> int:
+    """Statements a step spends on work beside its own: a slot given back, the chain's look."""
+    return (RELEASE if any(_releases(q) for q in sql) else 0) + (
+        CHAIN_CHECK if any(_chain_check(q) for q in sql) else 0
+    )
+
+
+def _stage(operation_id: str) -> str:
+    progress = Operation.objects.get(pk=operation_id).progress
+    return str((progress.get("create") or {}).get("stage") or progress.get("stage") or "")
+
+
+def test_each_step_of_a_create_stays_within_its_statement_budget(
+    pump: Pump, sim: Sim, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.PROXYHUB_NODE_TASK_LIMIT = 3
+    # A first create makes what a fleet makes once (the node's slot rows, the estimates, the
+    # breaker's row); the second is counted.
+    pump.call(operations.proxies_create, specs=[proxy_spec(sim, "warm")])
+    pump.run()
+    pump.call(operations.proxies_create, specs=[proxy_spec(sim, "p0")])
+    real = driver._run_one
+    seen: list[tuple[str, list[str]]] = []
+
+    def counted(**kwargs: Any) -> str | None:
+        # One step (a delivery may run several: driver.operation_run_step).
+        stage = _stage(kwargs["operation_id"])
+        with CaptureQueriesContext(connection) as ctx:
+            chained = real(**kwargs)
+        seen.append((stage, _table_statements(ctx.captured_queries)))
+        return chained
+
+    monkeypatch.setattr(driver, "_run_one", counted)
+    pump.run()
+
+    proxy = Proxy.objects.get(name="p0")
+    assert proxy.phase == Phase.RUNNING and proxy.ip
+    # The receipts are still journalled before the waits: every task stage kept its UPID.
+    upids = dict(OperationStep.objects.filter(operation__proxy=proxy).values_list("name", "upid"))
+    assert all(upids[name] for name in ("clone", "upload", "resize", "start")), upids
+    polls = [(stage, len(sql) - _extra(sql)) for stage, sql in seen if stage.endswith("_wait")]
+    assert len(polls) >= 4, seen
+    over = [(stage, sql) for stage, sql in seen[1:] if len(sql) - _extra(sql) > STEP_BUDGET]
+    assert not over, [(stage, len(sql), sql) for stage, sql in over]
+    assert max(n for _, n in polls) <= POLL_BUDGET, polls
