@@ -141,7 +141,7 @@ def _run_one(
         # to whoever waits for them, since it submits nothing until the switch is off.
         updates = maintenance.pause_updates(op, blocking, now)
         _defer(op, claim, now, maintenance.recheck_seconds(), updates=updates, release_slots=True)
-        return
+        return None
     maintenance.operation_unpause(operation=op, now=now)
     ceiling = policy.ceiling_for(op.kind)
     if policy.age_of(op, now) > ceiling.age:
