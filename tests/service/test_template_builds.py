@@ -193,13 +193,16 @@ def test_a_build_killed_before_its_journal_commit_resumes_without_resubmitting(
     persist = driver._persist
     armed = [True]
 
-    def dying(op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float) -> None:
+    def dying(
+        op: Operation, claim: str, outcome: Outcome, now: datetime, seconds: float, **more: Any
+    ) -> str | None:
+        # ``more``: what the driver passes besides (slots held, whether it may chain); the
+        # return value is the chained step's token, which the driver runs next.
         if not (armed[0] and outcome.result.step == stage and outcome.result.status != "error"):
-            persist(op, claim, outcome, now, seconds)
-            return
+            return persist(op, claim, outcome, now, seconds, **more)
         armed[0] = False
         with transaction.atomic():
-            persist(op, claim, outcome, now, seconds)
+            persist(op, claim, outcome, now, seconds, **more)
             _die()
 
     monkeypatch.setattr(driver, "_persist", dying)

@@ -91,6 +91,14 @@ def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
     return gaps
 
 
+def _first_agent_gap(sim: Sim, since: int) -> float:
+    """Seconds from the start task's submission to the first read of the guest's addresses,
+    for the calls after ledger entry ``since``."""
+    entries = sim.engine.ledger.calls()[since:]
+    started = next(e.time for e in entries if e.upid and ":qmstart:" in e.upid)
+    return next(e.time for e in entries if e.key == AGENT and e.time >= started) - started
+
+
 def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     pump: Pump, slow_sim: Sim
 ) -> None:
@@ -125,8 +133,12 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
         gap = gaps[kind]
         assert gap >= seconds[(kind, "pve1")], (kind, gap, seconds)
     assert warm_polls[1] <= 2, warm_polls
-    # The address: the first look waits for the image's expected boot instead of reading at once.
-    assert warm_agent <= 2, warm_agent
+    # The address: the first look waits for the image's expected boot instead of reading at once,
+    # so it reaches the guest agent no sooner than that estimate after the start was asked for.
+    # (How many looks it takes depends on how late a loaded machine delivers them: the second
+    # CI run under two lanes read it three times.)
+    assert _first_agent_gap(sim, warm_from) >= seconds[(BOOT, "debian-13")], seconds
+    assert warm_agent >= 1
 
 
 def test_a_first_look_delivered_late_teaches_what_it_saw_not_its_plan(
