@@ -40,6 +40,20 @@ CONFIRMATION_TEMPLATE = "admin/provisioning/action_confirmation.html"
 _PAGE_KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """A list of records the system writes (the journal, GC rounds, the inventory, maintenance
+    windows): the console shows them and never adds, edits or deletes one (STYLE.md, Admin)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class GuardedActionsMixin(admin.ModelAdmin):
     """Refuses with 403 a POSTed action the user lacks the permission for (see module doc).
 

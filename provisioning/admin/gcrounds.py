@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from provisioning.models import GcRound
+
+from .common import ReadOnlyAdmin
 
 
 def _items(items: list[dict[str, Any]]) -> SafeString | str:
@@ -38,7 +39,7 @@ def _items(items: list[dict[str, Any]]) -> SafeString | str:
 
 
 @admin.register(GcRound)
-class GcRoundAdmin(admin.ModelAdmin):
+class GcRoundAdmin(ReadOnlyAdmin):
     list_display = (
         "started_at",
         "dry_run",
@@ -90,12 +91,3 @@ class GcRoundAdmin(admin.ModelAdmin):
         if not obj.refused:
             return "none"
         return format_html("<pre>{}</pre>", json.dumps(obj.refused, indent=2))
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -12,9 +12,11 @@ from django.http import HttpRequest, HttpResponse
 from provisioning.models import Cluster, InventoryGuest, InventoryRefresh
 from provisioning.services.inventory import inventory_limit
 
+from .common import ReadOnlyAdmin
+
 
 @admin.register(InventoryGuest)
-class InventoryGuestAdmin(admin.ModelAdmin):
+class InventoryGuestAdmin(ReadOnlyAdmin):
     list_display = (
         "vmid",
         "name",
@@ -70,12 +72,3 @@ class InventoryGuestAdmin(admin.ModelAdmin):
         context = {"inventory_refreshes": rows, "inventory_limit": inventory_limit()}
         context.update(extra_context or {})
         return super().changelist_view(request, extra_context=context)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

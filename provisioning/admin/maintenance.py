@@ -29,7 +29,7 @@ from provisioning.services.maintenance import (
 )
 
 from .action_form import action_form_page, only_one, posted
-from .common import APP
+from .common import APP, ReadOnlyAdmin
 
 MAINTENANCE = f"{APP}.change_maintenance"
 
@@ -122,7 +122,7 @@ def maintenance_end_all(
 
 
 @admin.register(MaintenanceWindow)
-class MaintenanceWindowAdmin(admin.ModelAdmin):
+class MaintenanceWindowAdmin(ReadOnlyAdmin):
     """What is on now; read-only (the cluster list's actions turn it on and off)."""
 
     list_display = ("cluster", "node", "reason", "started_by", "started_at")
@@ -130,12 +130,3 @@ class MaintenanceWindowAdmin(admin.ModelAdmin):
     list_filter = ("cluster",)
     search_fields = ("cluster__name", "node", "reason")
     search_help_text = "Cluster, node or reason (part of it)"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

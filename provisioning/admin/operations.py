@@ -23,13 +23,14 @@ from provisioning.models import Operation
 from provisioning.services import policy
 
 from . import display
+from .common import ReadOnlyAdmin
 
 # The change page reloads itself this often while the operation has not ended.
 REFRESH_SECONDS = 3
 
 
 @admin.register(Operation)
-class OperationAdmin(admin.ModelAdmin):
+class OperationAdmin(ReadOnlyAdmin):
     list_display = (
         "created",
         "kind",
@@ -85,15 +86,6 @@ class OperationAdmin(admin.ModelAdmin):
         "last_error",
         "error_class",
     )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Operation | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Operation | None = None) -> bool:
-        return False
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         # The proxy change page links "all operations of this proxy" with this filter; the
