@@ -277,6 +277,8 @@ def slots_take(
             )
         with transaction.atomic():
             taken = _take_one(operation, key, now)
+            if taken:
+                taken = _unless_handed_one(operation, key, taken, now)
         if not taken:
             return key
         if isinstance(taken, Held):
@@ -292,9 +294,33 @@ def slots_take(
     return None
 
 
+def _unless_handed_one(op: Operation, key: str, taken: Held | bool, now: datetime) -> Held | bool:
+    """After the last look took a slot: remove the waiter row, unless a release got to it
+    first (deleting the row is how a release claims its waiter, ``_hand_off``). Then that
+    release handed a slot over too (on PostgreSQL the delete waits for its commit), and the
+    one taken here goes back: one task holds one slot of its node."""
+    if SlotWaiter.objects.filter(operation_id=op.pk, key=key).delete()[0]:
+        return taken
+    handed = (
+        TaskSlot.objects.filter(operation_id=op.pk, key=key)
+        .exclude(pk=taken.pk if isinstance(taken, Held) else None)
+        .values_list("pk", "cluster_id", "key", "seq")
+        .first()
+    )
+    if handed is None:
+        return taken  # the release found the waiter no longer active, or the key unlimited
+    if isinstance(taken, Held):
+        _release(taken.pk, taken.cluster_id, taken.key, taken.seq, op.pk, now)
+    return Held(*handed)
+
+
 def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> None:
     """Give the claim back while the operation waits for a slot of ``key``: no message is
-    sent (the release that frees a slot sends one); the sweeper sends it after the fallback."""
+    sent (the release that frees a slot sends one); the sweeper sends it after the fallback.
+
+    A release may hand it the slot after its last look and before this: the wake-up's message
+    then met this delivery's claim and was dropped (``claims.claim_take``), so the step's
+    message is sent again here once the claim is back."""
     held = TaskSlot.objects.filter(cluster=operation.cluster, key=key).exclude(
         operation__isnull=True
     )
@@ -302,7 +328,9 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
     with transaction.atomic():
         _journal_wait_open(operation, key, now)
         # Not when a release already woke it (a new dispatch token): that message runs it.
-        Operation.objects.filter(pk=operation.pk, claim_token=claim, dispatch_token="").update(
+        waits = Operation.objects.filter(
+            pk=operation.pk, claim_token=claim, dispatch_token=""
+        ).update(
             claim_token="",
             claim_expires_at=None,
             dispatch_token=secrets.token_hex(8),
@@ -312,10 +340,27 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
             state=OperationState.WAITING,
             last_error=note,
         )
-        Operation.objects.filter(pk=operation.pk, claim_token=claim).update(
+        if not waits and Operation.objects.filter(pk=operation.pk, claim_token=claim).update(
             claim_token="", claim_expires_at=None
-        )
+        ):
+            _send_again_once_free(operation.pk)
     log.info("step waits for a task slot", extra={"operation": str(operation.pk), "key": key})
+
+
+def _send_again_once_free(operation_id: Any) -> None:
+    """Send the step a wake-up gave a token to while this delivery held its claim."""
+    row = (
+        Operation.objects.filter(pk=operation_id, state__in=ACTIVE_STATES)
+        .exclude(dispatch_token="")
+        .values_list("dispatch_token", "trace_parent")
+        .first()
+    )
+    if row is not None:
+        log.info(
+            "slot handed over while the step gave up its claim: sent again",
+            extra={"operation": str(operation_id)},
+        )
+        dispatch.send_after_commit(str(operation_id), row[0], 0.0, row[1])
 
 
 # --- the journal: a wait is a step the operator sees --------------------------------------------

@@ -6,6 +6,7 @@ own task records, never from proxyhub's tables. Run on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from datetime import timedelta
@@ -17,7 +18,7 @@ from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation, OperationStep, Proxy, SlotWaiter, TaskSlot
 from provisioning.models.choices import OperationState, Phase
-from provisioning.services import operations, placement, slots
+from provisioning.services import claims, operations, placement, slots
 from provisioning.services.clock import db_now
 from provisioning.services.placement import NodeHealthView
 from provisioning.services.sweeper import operations_sweep
@@ -167,6 +168,95 @@ def _first_waiter(pump: Pump) -> SlotWaiter:
         _deliver_one(pump)
     (waiter,) = SlotWaiter.objects.all()
     return waiter
+
+
+# --- a wake-up that meets the waiter's own delivery ----------------------------------------
+
+
+def _hand_a_slot_to(op: Operation) -> None:
+    """Another worker's step ends and gives back one of the node's slots, which goes to
+    ``op`` (the oldest waiter) with its step message. What that worker collects to run itself
+    is its own, not this delivery's."""
+    holder = TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=op.pk)
+    other = Operation.objects.select_related("cluster").get(pk=holder.first().operation_id)
+    with slots.collecting_woken(), transaction.atomic():
+        slots.slots_keep(operation=other, keys=(), now=db_now())
+
+
+def test_a_slot_handed_over_between_the_last_look_and_the_wait_still_runs_the_step(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a create stuck in Creating (an integration run, 19 of 20 Running): the
+    fourth clone records itself as a waiter and looks once more (none free); before it gives
+    its claim back, another worker frees a slot and hands it over, sending the step at once.
+    That message reaches a worker while this delivery still holds the claim, so it finds the
+    step taken and exits. Then the waiter gives its claim back. Its step is due, its slot is
+    held, and no message is left: nothing but the sweeper's overdue re-send (a minute later,
+    if Beat runs at all) would ever run it. The step must still run, with no sweeper."""
+    _creates(pump, sim, CAP + 1)
+    real_wait = slots.slot_wait
+    raced: list[str] = []
+
+    def handed_over_before_the_wait(*, operation: Operation, claim: str, key: str, now: Any):
+        if not raced:
+            _hand_a_slot_to(operation)
+            token = Operation.objects.get(pk=operation.pk).dispatch_token
+            raced.append(token)
+            # The message's delivery, elsewhere, while this one holds the claim: it exits.
+            assert (
+                claims.claim_take(operation_id=str(operation.pk), token=token, now=db_now()) is None
+            )
+        return real_wait(operation=operation, claim=claim, key=key, now=now)
+
+    monkeypatch.setattr(slots, "slot_wait", handed_over_before_the_wait)
+    for _ in range(8 * (CAP + 1)):
+        if raced:
+            break
+        _deliver_one(pump)
+    assert raced, "no step waited for a slot"
+    # The wake-up's message was consumed by the delivery that found the step taken (it went
+    # out first; a message sent again carries the same token).
+    consumed = min((m for m in pump.queue if m.token == raced[0]), key=lambda m: m.seq)
+    pump.queue.remove(consumed)
+    heapq.heapify(pump.queue)
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+    assert not TaskSlot.objects.exclude(operation=None).exists()
+
+
+def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter records itself, then looks once more. A release hands it a slot just before
+    that look, and another slot of the node is free too: taking that one as well would hold
+    two of the node's three slots for one task until the create ends."""
+    _creates(pump, sim, CAP + 1)
+    ops = _ops(CAP + 1)
+    now = db_now()
+    for op in ops[:CAP]:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    me = ops[CAP]
+    real_take = slots._take_one
+    looks: list[int] = []
+
+    def handed_over_first(op: Operation, key: str, when: Any) -> Any:
+        looks.append(1)
+        if op.pk == me.pk and len(looks) == 2:
+            # Between the waiter row and the last look: one holder hands its slot to this
+            # waiter, and another frees one with nobody else waiting.
+            _hand_a_slot_to(me)
+            spare = (
+                TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=me.pk)
+            )
+            spare.filter(pk=spare.first().pk).update(operation=None, taken_at=None)
+        return real_take(op, key, when)
+
+    monkeypatch.setattr(slots, "_take_one", handed_over_first)
+    assert slots.slots_take(operation=me, need=slots.Need((KEY,)), now=now) is None
+    assert len(looks) == 2
+    assert TaskSlot.objects.filter(key=KEY, operation=me.pk).count() == 1
+    assert TaskSlot.objects.filter(key=KEY, operation=None).count() == 1
+    assert not SlotWaiter.objects.exists()
 
 
 # --- taking: never two winners for the last slot --------------------------------------------
