@@ -301,12 +301,10 @@ def _unless_handed_one(op: Operation, key: str, taken: Held | bool, now: datetim
     one taken here goes back: one task holds one slot of its node."""
     if SlotWaiter.objects.filter(operation_id=op.pk, key=key).delete()[0]:
         return taken
-    handed = (
-        TaskSlot.objects.filter(operation_id=op.pk, key=key)
-        .exclude(pk=taken.pk if isinstance(taken, Held) else None)
-        .values_list("pk", "cluster_id", "key", "seq")
-        .first()
-    )
+    mine = TaskSlot.objects.filter(operation_id=op.pk, key=key)
+    if isinstance(taken, Held):
+        mine = mine.exclude(pk=taken.pk)
+    handed = mine.values_list("pk", "cluster_id", "key", "seq").first()
     if handed is None:
         return taken  # the release found the waiter no longer active, or the key unlimited
     if isinstance(taken, Held):

@@ -5,14 +5,17 @@ Counts come from the pump (the messages sent) and the simulator's ledger."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import Phase
-from provisioning.services import operations
+from provisioning.services import driver, operations, slots
 
 pytestmark = pytest.mark.django_db
 
@@ -60,3 +63,56 @@ def test_a_step_due_for_another_operation_takes_its_turn_first(
     assert not [e for e in sim.engine.ledger.mutations() if str(e.key).endswith("/clone")]
     pump.run()
     assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * 2
+
+
+@pytest.mark.parametrize("where", ["learning the duration", "running a woken waiter"])
+def test_a_database_error_after_a_chained_step_committed_still_leaves_its_message(
+    pump: Pump, sim: Sim, settings: Any, where: str
+) -> None:
+    """A chained step's token is committed with no message: this delivery is to run it next.
+    When the delivery fails before it does (the database drops out while it learns the task's
+    duration, or while it runs the step of a waiter a freed slot woke), that step must still
+    have its message; with none, only the sweeper's overdue re-send (if Beat runs) would run
+    it: the create would sit in Creating."""
+    settings.PROXYHUB_NODE_TASK_LIMIT = 3
+    pump.call(operations.proxies_create, specs=[proxy_spec(sim, "p0")])
+    chained: list[str] = []
+    real_persist, real_run_one = driver._persist, driver._run_one
+
+    def persist(*args: Any, **more: Any) -> str | None:
+        token = real_persist(*args, **more)
+        if token and not chained:
+            chained.append(token)
+            if where == "learning the duration":
+                monkeypatch.setattr(driver, "_learn_duration", _drops_out)
+            else:  # the step gave a slot to a waiter, which this delivery runs next
+                woken.append(slots.Woken("a-waiter", "its-token", ""))
+        return token
+
+    def run_one(**kw: Any) -> str | None:
+        if kw["operation_id"] == "a-waiter":
+            _drops_out()
+        return real_run_one(**kw)
+
+    def _drops_out(*args: Any) -> None:
+        raise OperationalError("the connection dropped")
+
+    woken: list[slots.Woken] = []
+
+    @contextmanager
+    def collecting() -> Iterator[list[slots.Woken]]:
+        woken.clear()
+        yield woken
+
+    # Its own patch, undone before the pump runs the rest (the pump's patch stays).
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(driver, "_persist", persist)
+        monkeypatch.setattr(driver, "_run_one", run_one)
+        monkeypatch.setattr(slots, "collecting_woken", collecting)
+        with pytest.raises(OperationalError):
+            for _ in range(10):
+                pump.deliver_one()
+    assert Operation.objects.get(proxy__name="p0").dispatch_token == chained[0]
+    assert chained[0] in {m.token for m in pump.queue}, "the chained step has no message"
+    pump.run()
+    assert Proxy.objects.get(name="p0").phase == Phase.RUNNING
