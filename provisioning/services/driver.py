@@ -100,31 +100,50 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     round trip between a task's end and the next submission, and a busy worker still serves
     every due step in its turn."""
     started = time.monotonic()
-    for run in range(CHAIN_STEPS):
-        may_chain = run + 1 < CHAIN_STEPS and time.monotonic() - started < CHAIN_SECONDS
-        with slots.collecting_woken() as woken:
-            chained = _run_one(
-                operation_id=operation_id,
-                token=token,
-                trace_parent=trace_parent,
-                may_chain=may_chain,
-            )
-        for waiter in woken[:1]:
-            _run_one(
-                operation_id=waiter.operation_id,
-                token=waiter.token,
-                trace_parent=waiter.trace_parent,
-            )
-        if chained is None:
-            return
-        token = chained
+    # The chained step's token, committed with no message, until this delivery claims it.
+    unsent: list[str] = []
+    try:
+        for run in range(CHAIN_STEPS):
+            may_chain = run + 1 < CHAIN_STEPS and time.monotonic() - started < CHAIN_SECONDS
+            unsent.clear()
+            with slots.collecting_woken() as woken:
+                chained = _run_one(
+                    operation_id=operation_id,
+                    token=token,
+                    trace_parent=trace_parent,
+                    may_chain=may_chain,
+                    unsent=unsent,
+                )
+            for waiter in woken[:1]:
+                _run_one(
+                    operation_id=waiter.operation_id,
+                    token=waiter.token,
+                    trace_parent=waiter.trace_parent,
+                )
+            if chained is None:
+                return
+            token = chained
+    except BaseException:
+        # A failure between the chained step's commit and its claim (the database or the
+        # process going away) must not leave it due with no message: only the sweeper's
+        # overdue re-send would find it. If it was claimed after all, the message is stale
+        # and its delivery exits (claims.claim_take).
+        for pending in unsent:
+            dispatch.send_after_commit(operation_id, pending, 0.0, trace_parent)
+        raise
 
 
 def _run_one(
-    *, operation_id: str, token: str, trace_parent: str, may_chain: bool = False
+    *,
+    operation_id: str,
+    token: str,
+    trace_parent: str,
+    may_chain: bool = False,
+    unsent: list[str] | None = None,
 ) -> str | None:
     """Run one step; returns the token of the operation's next step when this delivery is to
-    run it too (no message was sent for it), else None."""
+    run it too (no message was sent for it), else None. That token is also put in ``unsent``
+    as soon as it is committed, for the caller to send should anything fail before it runs."""
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:
@@ -184,6 +203,8 @@ def _run_one(
     seconds = time.monotonic() - started
     ended = db_now()
     chained = _persist(op, claim, outcome, ended, seconds, held=held, may_chain=may_chain)
+    if chained is not None and unsent is not None:
+        unsent.append(chained)
     _record_reachability(op, outcome, breaker, seconds, ended)
     _learn_duration(op, outcome)
     return chained
