@@ -41,7 +41,16 @@ from .netcfg import net0_mac
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name, seed_volid
-from .steps import Progress, StepMachine, StepResult, advance, fail, permanent, warm
+from .steps import (
+    Progress,
+    StepMachine,
+    StepResult,
+    advance,
+    fail,
+    permanent,
+    warm,
+    with_timing,
+)
 from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
 
@@ -655,15 +664,22 @@ class CreateMachine(StepMachine[CreateRequest]):
         # The VM's state first (issue 12): a start takes about as long as one poll interval, so
         # the first look usually finds the VM running, which is what step 9 waits for; the
         # task's own status is read only while it does not run yet.
+        sent = self.clock()
         status = self.api.vm_status(node, vmid, deadline=deadline)
         if status.get("status") == "running" and status.get("qmpstatus") == "running":
-            return StepResult(
+            upid = progress.get("upid")
+            result = StepResult(
                 "continue",
                 advance(progress, "running", seen_running=True),
                 "start_wait",
-                upid=progress.get("upid"),
+                upid=upid,
                 message=f"VM {vmid} runs",
             )
+            # The VM running is what the start's work was (QEMU launched), so this look times
+            # the start as a task poll would: without it the start was never learned, every
+            # first look came 50 ms after the submission, and one that found the VM not yet
+            # running cost the task read and a second status read (issue 12).
+            return with_timing(result, str(upid), progress, sent, self.clock()) if upid else result
         return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
     def _running(

@@ -185,6 +185,14 @@ def poll_task(
         return StepResult("error", progress, step, upid=upid, error=classify(op, failure))
     message = outcome.exitstatus if outcome.state == "warnings" else ""
     result = StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
+    return with_timing(result, upid, progress, sent, now)
+
+
+def with_timing(
+    result: StepResult, upid: str, progress: Progress, sent: float, now: float
+) -> StepResult:
+    """``result`` with what the wait for ``upid`` learned in its details (``TIMING``), when
+    the look sent at ``sent`` (answered at ``now``) found the task's work over."""
     timing = _timing(upid, progress, sent, now)
     if timing is not None:
         result.details[TIMING] = timing.as_dict()

@@ -27,10 +27,11 @@ from pvesim.simulator import Simulator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK_STATUS = "GET /nodes/{node}/tasks/{upid}/status"
+VM_STATUS = "GET /nodes/{node}/qemu/{vmid}/status/current"
 AGENT = "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"
-# The start is not among them: its wait reads the VM's status first (issue 12's warm path) and a
-# VM already running ends it without reading the start task, which then teaches nothing.
-TASKS = ("qmclone", "imgcopy", "resize")
+# The start among them: its wait reads the VM's status first (issue 12's warm path), and the
+# look that finds the VM running times the start as a task poll would.
+TASKS = ("qmclone", "imgcopy", "resize", "qmstart")
 
 
 @pytest.fixture
@@ -46,7 +47,9 @@ def slow_sim(settings: Any) -> Iterator[Sim]:
         yield Sim(engine, make_cluster(), hooks, after)
 
 
-def _create(pump: Pump, sim: Sim, name: str) -> tuple[Operation, tuple[int, int], int]:
+def _create(
+    pump: Pump, sim: Sim, name: str, zone: str = "pve1"
+) -> tuple[Operation, tuple[int, int], int]:
     """Create ``name`` to Running; its op, the task status reads it took (all, and of the
     clone's task) and its agent reads."""
     before = len(sim.engine.ledger)
@@ -55,7 +58,7 @@ def _create(pump: Pump, sim: Sim, name: str) -> tuple[Operation, tuple[int, int]
         cluster=sim.cluster,
         machine_type="small",
         image="debian-13",
-        zone="pve1",
+        zone=zone,
         cloud_init=b"#cloud-config\n",
     )
     op = pump.call(operations.proxy_create, spec=spec)
@@ -78,8 +81,9 @@ def _estimates(sim: Sim) -> dict[tuple[str, str], tuple[float, int]]:
 
 
 def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
-    """Seconds from each task's submission to the first read of its status, by task type, for
-    the calls after ledger entry ``since``."""
+    """Seconds from each task's submission to the first look at it, by task type, for the
+    calls after ledger entry ``since``: a read of its status, or for the start the first read
+    of the VM's status after it."""
     entries = sim.engine.ledger.calls()[since:]
     started = {e.upid: e.time for e in entries if e.upid}
     gaps: dict[str, float] = {}
@@ -88,6 +92,10 @@ def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
         if upid in started:
             kind = upid.split(":")[5]
             gaps.setdefault(kind, entry.time - started.pop(upid))
+        if entry.key == VM_STATUS:
+            start = next((u for u in started if ":qmstart:" in u), None)
+            if start is not None:
+                gaps.setdefault("qmstart", entry.time - started.pop(start))
     return gaps
 
 
