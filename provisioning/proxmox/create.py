@@ -53,6 +53,7 @@ from .steps import (
 )
 from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
+from .waits import seen_at
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -680,6 +681,28 @@ class CreateMachine(StepMachine[CreateRequest]):
             # first look came 50 ms after the submission, and one that found the VM not yet
             # running cost the task read and a second status read (issue 12).
             return with_timing(result, str(upid), progress, sent, self.clock()) if upid else result
+        since = progress.get("since")
+        if since and progress.get("seen_running") is None:
+            now = self.clock()
+            if now - float(since) <= self.budgets.start:
+                # The first look that finds the VM not running yet (a look planned at the
+                # start's expected end that came too soon: an estimate probing down, waits.py)
+                # waits again without reading the task, so it costs one read, not three (issue
+                # 12). A start that failed is read at the next look, a short interval later.
+                seen = seen_at(
+                    planned=progress.get("look_at"),
+                    sent=sent - float(since),
+                    landed=now - float(since),
+                    running=True,
+                )
+                return StepResult(
+                    "wait",
+                    dict(progress, seen_running=seen),
+                    "start_wait",
+                    delay=self.budgets.poll_interval,
+                    upid=progress.get("upid"),
+                    message=f"VM {vmid} is {status.get('status') or 'not running'} yet",
+                )
         return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
     def _running(
