@@ -240,8 +240,14 @@ def task_wait(
         return budgets.poll_interval
     since = result.progress.get("since")
     elapsed = max(0.0, now - float(since)) if since else 0.0
+    # A node where no task of this type ran yet plans from the other nodes' estimate
+    # (``waits.Durations.elsewhere``), not from nothing: its first look would come 50 ms after
+    # the submission and find any real task still going (issue 12).
+    expected = durations.expected(parsed.type, parsed.node)
+    if expected is None:
+        expected = durations.elsewhere(parsed.type, parsed.node)
     delay = next_wait(
-        expected=durations.expected(parsed.type, parsed.node),
+        expected=expected,
         elapsed=elapsed,
         cap=budgets.poll_interval,
         limit=budgets.for_task(parsed.type),

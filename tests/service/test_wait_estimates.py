@@ -20,6 +20,7 @@ from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.waits import BOOT
 from provisioning.services import operations
+from provisioning.services.durations import ClusterDurations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
@@ -167,3 +168,47 @@ def test_a_first_look_delivered_late_teaches_what_it_saw_not_its_plan(
 
     _, warm_polls, _ = _create(pump, sim, "second")
     assert warm_polls[1] <= 2, warm_polls
+
+
+def test_a_node_new_to_the_cluster_plans_its_first_waits_from_the_other_nodes(
+    pump: Pump, slow_sim: Sim
+) -> None:
+    # Learned on pve1, then a create on pve2, where no upload, resize or start ran yet (the clone
+    # runs on the template's node, pve1). Those waits plan their first look from pve1's
+    # estimates (the shortest of the other nodes': there is one) rather than 50 ms after the
+    # submission, so each reaches Proxmox no sooner than that estimate after its task began.
+    sim = slow_sim
+    _create(pump, sim, "first")
+    learned = {key: value[0] for key, value in _estimates(sim).items()}
+    assert not [key for key in learned if key[1] == "pve2"], learned
+
+    since = len(sim.engine.ledger)
+    _create(pump, sim, "elsewhere", zone="pve2")
+
+    gaps = _first_look_gaps(sim, since)
+    for kind in ("imgcopy", "resize", "qmstart"):
+        assert gaps[kind] >= learned[(kind, "pve1")], (kind, gaps, learned)
+    # What pve2 did is its own from now on: one sample each; pve1's are as they were.
+    after = _estimates(sim)
+    for kind in ("imgcopy", "resize", "qmstart"):
+        assert after[(kind, "pve2")][1] == 1, after
+        assert after[(kind, "pve1")] == (learned[(kind, "pve1")], 1), after
+
+
+def test_the_cluster_durations_give_the_shortest_estimate_of_the_other_nodes(
+    slow_sim: Sim,
+) -> None:
+    durations = ClusterDurations(slow_sim.cluster.pk)
+    assert durations.elsewhere("resize", "pve2") is None  # nothing learned anywhere
+    for scope, seconds in (("pve1", 0.4), ("pve3", 0.25), ("debian-13", 9.0)):
+        kind = BOOT if scope == "debian-13" else "resize"
+        WorkDuration.objects.create(
+            cluster=slow_sim.cluster, kind=kind, scope=scope, seconds=seconds, samples=3
+        )
+    WorkDuration.objects.create(
+        cluster=slow_sim.cluster, kind="qmstart", scope="pve2", seconds=0.01, samples=3
+    )
+    assert durations.elsewhere("resize", "pve2") == 0.25
+    assert durations.elsewhere("resize", "pve3") == 0.4  # its own never counts as another's
+    assert durations.expected("resize", "pve2") is None
+    assert durations.elsewhere("qmstart", "pve2") is None  # another kind never stands in

@@ -71,8 +71,8 @@ def _learned() -> Learned:
     return engine, provider, durations
 
 
-def _counted() -> dict[str, Counter[str]]:
-    return _lifecycle(*_learned(), "counted")
+def _counted(zone: str = "pve1") -> dict[str, Counter[str]]:
+    return _lifecycle(*_learned(), "counted", zone=zone)
 
 
 def _counted_after_a_short_start_estimate() -> dict[str, Counter[str]]:
@@ -84,14 +84,18 @@ def _counted_after_a_short_start_estimate() -> dict[str, Counter[str]]:
 
 
 def _lifecycle(
-    engine: Simulator, provider: Provider, durations: InMemoryDurations, name: str
+    engine: Simulator,
+    provider: Provider,
+    durations: InMemoryDurations,
+    name: str,
+    zone: str = "pve1",
 ) -> dict[str, Counter[str]]:
     req = CreateRequest(
         uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
         vm_name=f"proxy-{name}",
         machine_type="small",  # 10 GiB on a 3 GiB template: the resize runs
         image="debian-13",
-        zone="pve1",
+        zone=zone,
         cloud_init=b"#cloud-config\n",
     )
     phases: dict[str, Counter[str]] = {}
@@ -126,7 +130,7 @@ def _lifecycle(
         waited += delay
     durations.learn(Timing(kind=BOOT, scope=req.image, seen_running=seen_running, seen_done=waited))
     close("create")
-    release = ReleaseRequest(req.vm_name, req.uid, int(record["vmid"]), "pve1", "pve1")
+    release = ReleaseRequest(req.vm_name, req.uid, int(record["vmid"]), zone, zone)
     _drive(
         engine,
         durations,
@@ -143,6 +147,7 @@ def _lifecycle(
 
 
 PHASES = _counted()
+ELSEWHERE = _counted(zone="pve2")
 EARLY_START = _counted_after_a_short_start_estimate()
 
 
@@ -172,6 +177,16 @@ def test_a_start_looked_at_too_soon_costs_one_more_status_read_not_three() -> No
     calls = EARLY_START["create"]
     assert sum(calls.values()) == 14, calls
     assert (calls[TASK], calls[STATUS], calls[AGENT]) == (3, 2, 1), calls
+
+
+def test_a_node_where_nothing_ran_yet_plans_its_waits_from_the_other_nodes() -> None:
+    # The same estimates, learned on pve1; the create goes to pve2, where no upload, resize or
+    # start ran yet (the clone runs on the template's node, pve1). Each of those waits plans its
+    # first look from pve1's estimate instead of looking 50 ms after the submission, so the
+    # create and the seed's release cost what they cost on pve1, read for read. (The delete
+    # then plans from pve2's own first samples, which the release began to teach.)
+    assert ELSEWHERE["create"] == PHASES["create"], ELSEWHERE["create"]
+    assert ELSEWHERE["release"] == PHASES["release"], ELSEWHERE["release"]
 
 
 def test_the_seed_release_after_boot_costs_four_requests() -> None:
