@@ -49,7 +49,7 @@ def slow_sim(settings: Any) -> Iterator[Sim]:
 
 
 def _create(
-    pump: Pump, sim: Sim, name: str, zone: str = "pve1"
+    pump: Pump, sim: Sim, name: str, zone: str = "pve1", image: str = "debian-13"
 ) -> tuple[Operation, tuple[int, int], int]:
     """Create ``name`` to Running; its op, the task status reads it took (all, and of the
     clone's task) and its agent reads."""
@@ -58,7 +58,7 @@ def _create(
         name=name,
         cluster=sim.cluster,
         machine_type="small",
-        image="debian-13",
+        image=image,
         zone=zone,
         cloud_init=b"#cloud-config\n",
     )
@@ -193,6 +193,25 @@ def test_a_node_new_to_the_cluster_plans_its_first_waits_from_the_other_nodes(
     for kind in ("imgcopy", "resize", "qmstart"):
         assert after[(kind, "pve2")][1] == 1, after
         assert after[(kind, "pve1")] == (learned[(kind, "pve1")], 1), after
+
+
+def test_an_image_new_to_the_cluster_plans_its_first_look_from_the_other_images(
+    pump: Pump, slow_sim: Sim
+) -> None:
+    # debian-13 booted once; debian-13-noagent never did (its guest installs the agent from the
+    # seed's vendor-data, so it boots slower). Its first look at the guest agent waits for
+    # debian-13's expected boot instead of reading right after the start.
+    sim = slow_sim
+    _create(pump, sim, "first")
+    boot = _estimates(sim)[(BOOT, "debian-13")][0]
+
+    since = len(sim.engine.ledger)
+    _create(pump, sim, "new-image", image="debian-13-noagent")
+
+    assert _first_agent_gap(sim, since) >= boot, boot
+    after = _estimates(sim)
+    assert after[(BOOT, "debian-13-noagent")][1] == 1, after
+    assert after[(BOOT, "debian-13")] == (boot, 1), after
 
 
 def test_the_cluster_durations_give_the_shortest_estimate_of_the_other_nodes(
