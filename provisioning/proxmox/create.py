@@ -14,7 +14,8 @@ The stages, in order (each call runs one of them; see ``steps.StepResult``):
 ``resize``      grow the boot disk when the machine type asks for more (entry 6)
 ``resize_wait`` poll the ``resize`` task
 ``start``       start the VM (observed first: a running VM is not started again)
-``start_wait``  poll the ``qmstart`` task
+``start_wait``  read the VM's status until it runs (that look times the start); the ``qmstart``
+                task is read too by every look after the first that found the VM not running
 ``running``     read ``status/current`` until the VM runs; then done
 
 What a retry finds (entry 10's table) follows from the record: a UPID in the record is polled,
@@ -701,7 +702,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                     "start_wait",
                     delay=self.budgets.poll_interval,
                     upid=progress.get("upid"),
-                    message=f"VM {vmid} is {status.get('status') or 'not running'} yet",
+                    message=f"VM {vmid} is not running yet ({status.get('status') or 'no status'})",
                 )
         return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
