@@ -14,7 +14,8 @@ The stages, in order (each call runs one of them; see ``steps.StepResult``):
 ``resize``      grow the boot disk when the machine type asks for more (entry 6)
 ``resize_wait`` poll the ``resize`` task
 ``start``       start the VM (observed first: a running VM is not started again)
-``start_wait``  poll the ``qmstart`` task
+``start_wait``  read the VM's status until it runs (that look times the start); the ``qmstart``
+                task is read too by every look after the first that found the VM not running
 ``running``     read ``status/current`` until the VM runs; then done
 
 What a retry finds (entry 10's table) follows from the record: a UPID in the record is polled,
@@ -41,9 +42,19 @@ from .netcfg import net0_mac
 from .ownership import Ownership, is_missing, judge, judge_config
 from .placement import resolve_machine_type, resolve_template, resolve_zone
 from .seed import build_seed_iso, seed_iso_name, seed_volid
-from .steps import Progress, StepMachine, StepResult, advance, fail, permanent, warm
+from .steps import (
+    Progress,
+    StepMachine,
+    StepResult,
+    advance,
+    fail,
+    permanent,
+    warm,
+    with_timing,
+)
 from .tasks import parse_upid
 from .template import TEMPLATE_REMEDIATION, desired_config, template_problem
+from .waits import seen_at
 
 log = logging.getLogger("proxyhub.proxmox.provider")
 
@@ -655,15 +666,44 @@ class CreateMachine(StepMachine[CreateRequest]):
         # The VM's state first (issue 12): a start takes about as long as one poll interval, so
         # the first look usually finds the VM running, which is what step 9 waits for; the
         # task's own status is read only while it does not run yet.
+        sent = self.clock()
         status = self.api.vm_status(node, vmid, deadline=deadline)
         if status.get("status") == "running" and status.get("qmpstatus") == "running":
-            return StepResult(
+            upid = progress.get("upid")
+            result = StepResult(
                 "continue",
                 advance(progress, "running", seen_running=True),
                 "start_wait",
-                upid=progress.get("upid"),
+                upid=upid,
                 message=f"VM {vmid} runs",
             )
+            # The VM running is what the start's work was (QEMU launched), so this look times
+            # the start as a task poll would: without it the start was never learned, every
+            # first look came 50 ms after the submission, and one that found the VM not yet
+            # running cost the task read and a second status read (issue 12).
+            return with_timing(result, str(upid), progress, sent, self.clock()) if upid else result
+        since = progress.get("since")
+        if since and progress.get("seen_running") is None:
+            now = self.clock()
+            if now - float(since) <= self.budgets.start:
+                # The first look that finds the VM not running yet (a look planned at the
+                # start's expected end that came too soon: an estimate probing down, waits.py)
+                # waits again without reading the task, so it costs one read, not three (issue
+                # 12). A start that failed is read at the next look, a short interval later.
+                seen = seen_at(
+                    planned=progress.get("look_at"),
+                    sent=sent - float(since),
+                    landed=now - float(since),
+                    running=True,
+                )
+                return StepResult(
+                    "wait",
+                    dict(progress, seen_running=seen),
+                    "start_wait",
+                    delay=self.budgets.poll_interval,
+                    upid=progress.get("upid"),
+                    message=f"VM {vmid} is not running yet ({status.get('status') or 'no status'})",
+                )
         return self.poll(progress, "start_wait", self.budgets.start, "running", deadline, failed)
 
     def _running(

@@ -185,6 +185,14 @@ def poll_task(
         return StepResult("error", progress, step, upid=upid, error=classify(op, failure))
     message = outcome.exitstatus if outcome.state == "warnings" else ""
     result = StepResult("continue", advance(progress, next_stage), step, upid=upid, message=message)
+    return with_timing(result, upid, progress, sent, now)
+
+
+def with_timing(
+    result: StepResult, upid: str, progress: Progress, sent: float, now: float
+) -> StepResult:
+    """``result`` with what the wait for ``upid`` learned in its details (``TIMING``), when
+    the look sent at ``sent`` (answered at ``now``) found the task's work over."""
     timing = _timing(upid, progress, sent, now)
     if timing is not None:
         result.details[TIMING] = timing.as_dict()
@@ -232,8 +240,14 @@ def task_wait(
         return budgets.poll_interval
     since = result.progress.get("since")
     elapsed = max(0.0, now - float(since)) if since else 0.0
+    # A node where no task of this type ran yet plans from the other nodes' estimate
+    # (``waits.Durations.elsewhere``), not from nothing: its first look would come 50 ms after
+    # the submission and find any real task still going (issue 12).
+    expected = durations.expected(parsed.type, parsed.node)
+    if expected is None:
+        expected = durations.elsewhere(parsed.type, parsed.node)
     delay = next_wait(
-        expected=durations.expected(parsed.type, parsed.node),
+        expected=expected,
         elapsed=elapsed,
         cap=budgets.poll_interval,
         limit=budgets.for_task(parsed.type),

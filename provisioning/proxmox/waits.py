@@ -106,15 +106,26 @@ def seen_at(*, planned: float | None, sent: float, landed: float, running: bool)
 
 
 class Durations(Protocol):
-    """Expected seconds of ``kind`` of work on ``scope``; None when nothing is known yet."""
+    """Expected seconds of ``kind`` of work on ``scope``; None when nothing is known yet.
+
+    ``elsewhere``: the shortest estimate of ``kind`` on any other scope, the prior of a wait on a
+    scope that has none yet (a task on a node where none of its type ran: ``steps.task_wait``).
+    The nodes of a cluster do the same work on similar machines; the shortest is taken so that
+    a prior never plans a look later than the fastest node has shown, and a node that is slower
+    costs the looks that follow, as a cold wait would."""
 
     def expected(self, kind: str, scope: str) -> float | None: ...
+
+    def elsewhere(self, kind: str, scope: str) -> float | None: ...
 
 
 class NoDurations:
     """Nothing known: every wait starts short and grows (a cold start)."""
 
     def expected(self, kind: str, scope: str) -> float | None:
+        return None
+
+    def elsewhere(self, kind: str, scope: str) -> float | None:
         return None
 
 
@@ -175,6 +186,10 @@ class InMemoryDurations:
     def expected(self, kind: str, scope: str) -> float | None:
         found = self._estimates.get((kind, scope))
         return found.seconds if found is not None else None
+
+    def elsewhere(self, kind: str, scope: str) -> float | None:
+        others = [e.seconds for (k, s), e in self._estimates.items() if k == kind and s != scope]
+        return min(others, default=None)
 
     def learn(self, timing: Timing) -> None:
         key = (timing.kind, timing.scope)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import DatabaseError
+from django.db.models import Min
 from django.utils import timezone
 
 from provisioning.models import WorkDuration
@@ -32,6 +33,9 @@ class ClusterDurations:
     def expected(self, kind: str, scope: str) -> float | None:
         return durations_expected(cluster_id=self.cluster_id, kind=kind, scope=scope)
 
+    def elsewhere(self, kind: str, scope: str) -> float | None:
+        return durations_elsewhere(cluster_id=self.cluster_id, kind=kind, scope=scope)
+
 
 def durations_expected(*, cluster_id: int, kind: str, scope: str) -> float | None:
     """The estimate of ``kind`` on ``scope`` in the cluster, or None when none was learned."""
@@ -44,6 +48,21 @@ def durations_expected(*, cluster_id: int, kind: str, scope: str) -> float | Non
     except DatabaseError:
         log.warning("duration estimate not read", extra={"kind": kind, "scope": scope})
         return None
+
+
+def durations_elsewhere(*, cluster_id: int, kind: str, scope: str) -> float | None:
+    """The shortest estimate of ``kind`` on the cluster's other scopes (``waits.Durations``):
+    one more read, made only for a wait whose own scope has none yet."""
+    try:
+        found: float | None = (
+            WorkDuration.objects.filter(cluster_id=cluster_id, kind=kind)
+            .exclude(scope=scope)
+            .aggregate(seconds=Min("seconds"))["seconds"]
+        )
+    except DatabaseError:
+        log.warning("duration estimate not read", extra={"kind": kind, "scope": scope})
+        return None
+    return found
 
 
 def durations_learn(*, cluster_id: int, timing: Timing, ceiling: float | None = None) -> None:

@@ -36,7 +36,7 @@ from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait
 from provisioning.sealing import SealError
 
 from .drift import built_spec, proxy_spec
-from .durations import durations_expected
+from .durations import durations_elsewhere, durations_expected
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
@@ -392,7 +392,7 @@ def _first_address_wait(
 ) -> Outcome | None:
     """A wait for the image's expected boot, or None when there is no estimate or it is due."""
     assert op.cluster is not None
-    expected = durations_expected(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image)
+    expected = _boot_expected(op, proxy)
     waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
     if expected is None or expected * (1 + MARGIN) - waited < MIN_POLL:
         return None
@@ -419,13 +419,26 @@ def _plan_address_look(
     (``proxmox.waits``). The plan is kept in the record for the boot's timing."""
     assert op.cluster is not None
     delay = next_wait(
-        expected=durations_expected(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image),
+        expected=_boot_expected(op, proxy),
         elapsed=waited,
         cap=_setting("PROXYHUB_ADDRESS_POLL_SECONDS", ADDRESS_POLL),
         limit=address_budget(),
     )
     progress["address_look_at"] = waited + delay
     return delay
+
+
+def _boot_expected(op: Operation, proxy: Proxy) -> float | None:
+    """The image's expected boot to address; for an image that never booted on the cluster, the
+    shortest of the other images' (``waits.Durations.elsewhere``), as a task on a new node
+    plans from the other nodes. Without it the first look came right after the start and the
+    next ones doubled from 50 ms, each finding a real guest still booting (issue 12); what this
+    image's boot then takes is learned as its own."""
+    assert op.cluster is not None
+    expected = durations_expected(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image)
+    if expected is None:
+        expected = durations_elsewhere(cluster_id=op.cluster.pk, kind=BOOT, scope=proxy.image)
+    return expected
 
 
 def _boot_timing(proxy: Proxy, progress: dict[str, Any], waited: float, landed: float) -> Timing:

@@ -20,6 +20,7 @@ from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.waits import BOOT
 from provisioning.services import operations
+from provisioning.services.durations import ClusterDurations
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
@@ -27,10 +28,11 @@ from pvesim.simulator import Simulator
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TASK_STATUS = "GET /nodes/{node}/tasks/{upid}/status"
+VM_STATUS = "GET /nodes/{node}/qemu/{vmid}/status/current"
 AGENT = "GET /nodes/{node}/qemu/{vmid}/agent/network-get-interfaces"
-# The start is not among them: its wait reads the VM's status first (issue 12's warm path) and a
-# VM already running ends it without reading the start task, which then teaches nothing.
-TASKS = ("qmclone", "imgcopy", "resize")
+# The start among them: its wait reads the VM's status first (issue 12's warm path), and the
+# look that finds the VM running times the start as a task poll would.
+TASKS = ("qmclone", "imgcopy", "resize", "qmstart")
 
 
 @pytest.fixture
@@ -46,7 +48,9 @@ def slow_sim(settings: Any) -> Iterator[Sim]:
         yield Sim(engine, make_cluster(), hooks, after)
 
 
-def _create(pump: Pump, sim: Sim, name: str) -> tuple[Operation, tuple[int, int], int]:
+def _create(
+    pump: Pump, sim: Sim, name: str, zone: str = "pve1", image: str = "debian-13"
+) -> tuple[Operation, tuple[int, int], int]:
     """Create ``name`` to Running; its op, the task status reads it took (all, and of the
     clone's task) and its agent reads."""
     before = len(sim.engine.ledger)
@@ -54,8 +58,8 @@ def _create(pump: Pump, sim: Sim, name: str) -> tuple[Operation, tuple[int, int]
         name=name,
         cluster=sim.cluster,
         machine_type="small",
-        image="debian-13",
-        zone="pve1",
+        image=image,
+        zone=zone,
         cloud_init=b"#cloud-config\n",
     )
     op = pump.call(operations.proxy_create, spec=spec)
@@ -78,8 +82,9 @@ def _estimates(sim: Sim) -> dict[tuple[str, str], tuple[float, int]]:
 
 
 def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
-    """Seconds from each task's submission to the first read of its status, by task type, for
-    the calls after ledger entry ``since``."""
+    """Seconds from each task's submission to the first look at it, by task type, for the
+    calls after ledger entry ``since``: a read of its status, or for the start the first read
+    of the VM's status after it."""
     entries = sim.engine.ledger.calls()[since:]
     started = {e.upid: e.time for e in entries if e.upid}
     gaps: dict[str, float] = {}
@@ -88,6 +93,10 @@ def _first_look_gaps(sim: Sim, since: int) -> dict[str, float]:
         if upid in started:
             kind = upid.split(":")[5]
             gaps.setdefault(kind, entry.time - started.pop(upid))
+        if entry.key == VM_STATUS:
+            start = next((u for u in started if ":qmstart:" in u), None)
+            if start is not None:
+                gaps.setdefault("qmstart", entry.time - started.pop(start))
     return gaps
 
 
@@ -159,3 +168,66 @@ def test_a_first_look_delivered_late_teaches_what_it_saw_not_its_plan(
 
     _, warm_polls, _ = _create(pump, sim, "second")
     assert warm_polls[1] <= 2, warm_polls
+
+
+def test_a_node_new_to_the_cluster_plans_its_first_waits_from_the_other_nodes(
+    pump: Pump, slow_sim: Sim
+) -> None:
+    # Learned on pve1, then a create on pve2, where no upload, resize or start ran yet (the clone
+    # runs on the template's node, pve1). Those waits plan their first look from pve1's
+    # estimates (the shortest of the other nodes': there is one) rather than 50 ms after the
+    # submission, so each reaches Proxmox no sooner than that estimate after its task began.
+    sim = slow_sim
+    _create(pump, sim, "first")
+    learned = {key: value[0] for key, value in _estimates(sim).items()}
+    assert not [key for key in learned if key[1] == "pve2"], learned
+
+    since = len(sim.engine.ledger)
+    _create(pump, sim, "elsewhere", zone="pve2")
+
+    gaps = _first_look_gaps(sim, since)
+    for kind in ("imgcopy", "resize", "qmstart"):
+        assert gaps[kind] >= learned[(kind, "pve1")], (kind, gaps, learned)
+    # What pve2 did is its own from now on: one sample each; pve1's are as they were.
+    after = _estimates(sim)
+    for kind in ("imgcopy", "resize", "qmstart"):
+        assert after[(kind, "pve2")][1] == 1, after
+        assert after[(kind, "pve1")] == (learned[(kind, "pve1")], 1), after
+
+
+def test_an_image_new_to_the_cluster_plans_its_first_look_from_the_other_images(
+    pump: Pump, slow_sim: Sim
+) -> None:
+    # debian-13 booted once; debian-13-noagent never did (its guest installs the agent from the
+    # seed's vendor-data, so it boots slower). Its first look at the guest agent waits for
+    # debian-13's expected boot instead of reading right after the start.
+    sim = slow_sim
+    _create(pump, sim, "first")
+    boot = _estimates(sim)[(BOOT, "debian-13")][0]
+
+    since = len(sim.engine.ledger)
+    _create(pump, sim, "new-image", image="debian-13-noagent")
+
+    assert _first_agent_gap(sim, since) >= boot, boot
+    after = _estimates(sim)
+    assert after[(BOOT, "debian-13-noagent")][1] == 1, after
+    assert after[(BOOT, "debian-13")] == (boot, 1), after
+
+
+def test_the_cluster_durations_give_the_shortest_estimate_of_the_other_nodes(
+    slow_sim: Sim,
+) -> None:
+    durations = ClusterDurations(slow_sim.cluster.pk)
+    assert durations.elsewhere("resize", "pve2") is None  # nothing learned anywhere
+    for scope, seconds in (("pve1", 0.4), ("pve3", 0.25), ("debian-13", 9.0)):
+        kind = BOOT if scope == "debian-13" else "resize"
+        WorkDuration.objects.create(
+            cluster=slow_sim.cluster, kind=kind, scope=scope, seconds=seconds, samples=3
+        )
+    WorkDuration.objects.create(
+        cluster=slow_sim.cluster, kind="qmstart", scope="pve2", seconds=0.01, samples=3
+    )
+    assert durations.elsewhere("resize", "pve2") == 0.25
+    assert durations.elsewhere("resize", "pve3") == 0.4  # its own never counts as another's
+    assert durations.expected("resize", "pve2") is None
+    assert durations.elsewhere("qmstart", "pve2") is None  # another kind never stands in

@@ -30,6 +30,7 @@ RESIZE = "PUT /nodes/{node}/qemu/{vmid}/resize"
 UPLOAD = "POST /nodes/{node}/storage/{storage}/upload"
 VOLUME = "DELETE /nodes/{node}/storage/{storage}/content/{volume}"
 TASK = "GET /nodes/{node}/tasks/{upid}/status"
+STATUS = "GET /nodes/{node}/qemu/{vmid}/status/current"
 
 
 def test_create_returns_only_when_running(world: World) -> None:
@@ -490,3 +491,35 @@ def test_a_vm_stopped_after_its_start_is_started_again(world: World) -> None:
     done = world.drive(lambda pr: provider.create_step(req, pr), stopped.progress)
     assert done.status == "done", done.error
     assert world.api.vm_status(node, vmid)["status"] == "running"
+
+
+def test_a_failed_start_is_read_at_the_look_after_the_first(world: World) -> None:
+    """The first look that finds the VM not running waits again without reading the start task
+    (issue 12: a look that came too soon costs one read); the next reads the task, and a start
+    that failed sends the record back to its start."""
+    provider = world.provider
+    req = world.request("failed-start")
+    world.engine.control.fail_next_task("qmstart", "start failed: QEMU exited with code 1")
+    progress = provider.new_create_progress()
+    for _ in range(200):
+        result = world.step(lambda pr: provider.create_step(req, pr), progress)
+        progress = result.progress
+        if progress.get("stage") == "start_wait":
+            break
+    assert progress.get("stage") == "start_wait", progress
+    world.engine.control.advance(5.0)  # the start has long failed
+    seen = len(world.engine.ledger)
+
+    first = world.step(lambda pr: provider.create_step(req, pr), progress)
+    assert first.status == "wait" and first.progress["stage"] == "start_wait"
+    assert [e.key for e in world.engine.ledger.calls()[seen:]] == [STATUS]
+
+    second = world.step(lambda pr: provider.create_step(req, pr), first.progress)
+    assert second.status == "error" and second.error is not None
+    assert second.error.kind == "transient" and "QEMU exited" in str(second.error)
+    assert second.progress["stage"] == "start"
+    # The second look: the VM's status, the task read that found the failure, and the status
+    # read that checks the VM is not running after all (a start can fail while the VM runs).
+    assert [e.key for e in world.engine.ledger.calls()[seen:]] == [STATUS, STATUS, TASK, STATUS]
+    done = world.drive(lambda pr: provider.create_step(req, pr), second.progress)
+    assert done.status == "done", done.error

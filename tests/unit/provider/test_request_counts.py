@@ -56,7 +56,11 @@ def _look_after(expected: float | None, waited: float) -> float:
     return next_wait(expected=expected, elapsed=waited, cap=ADDRESS_POLL, limit=ADDRESS_BUDGET)
 
 
-def _counted() -> dict[str, Counter[str]]:
+Learned = tuple[Simulator, Provider, InMemoryDurations]
+
+
+def _learned() -> Learned:
+    """A world whose estimates three lifecycles on ``pve1`` taught (the same each time)."""
     clock = ManualClock(start=1_800_000_000.0)
     api, engine = sim_api(profile="realistic", time_scale=0.1, clock=clock)
     config = ProxmoxConfig.from_mapping(catalogue(), installation_id=INSTALLATION)
@@ -64,18 +68,34 @@ def _counted() -> dict[str, Counter[str]]:
     provider = Provider(api, config, budgets=Budgets(), clock=clock, durations=durations)
     for name in ("learn-1", "learn-2", "learn-3"):
         _lifecycle(engine, provider, durations, name)
+    return engine, provider, durations
+
+
+def _counted(zone: str = "pve1") -> dict[str, Counter[str]]:
+    return _lifecycle(*_learned(), "counted", zone=zone)
+
+
+def _counted_after_a_short_start_estimate() -> dict[str, Counter[str]]:
+    """As ``_counted``, after a start whose first look, 50 ms after it, found the VM running:
+    the estimate probes down (``waits.PROBE_DOWN``) to less than the 0.1 s a start takes."""
+    engine, provider, durations = _learned()
+    durations.learn(Timing(kind="qmstart", scope="pve1", seen_running=0.0, seen_done=0.05))
     return _lifecycle(engine, provider, durations, "counted")
 
 
 def _lifecycle(
-    engine: Simulator, provider: Provider, durations: InMemoryDurations, name: str
+    engine: Simulator,
+    provider: Provider,
+    durations: InMemoryDurations,
+    name: str,
+    zone: str = "pve1",
 ) -> dict[str, Counter[str]]:
     req = CreateRequest(
         uid=str(uuid.uuid5(uuid.NAMESPACE_DNS, name)),
         vm_name=f"proxy-{name}",
         machine_type="small",  # 10 GiB on a 3 GiB template: the resize runs
         image="debian-13",
-        zone="pve1",
+        zone=zone,
         cloud_init=b"#cloud-config\n",
     )
     phases: dict[str, Counter[str]] = {}
@@ -110,7 +130,7 @@ def _lifecycle(
         waited += delay
     durations.learn(Timing(kind=BOOT, scope=req.image, seen_running=seen_running, seen_done=waited))
     close("create")
-    release = ReleaseRequest(req.vm_name, req.uid, int(record["vmid"]), "pve1", "pve1")
+    release = ReleaseRequest(req.vm_name, req.uid, int(record["vmid"]), zone, zone)
     _drive(
         engine,
         durations,
@@ -127,24 +147,46 @@ def _lifecycle(
 
 
 PHASES = _counted()
+ELSEWHERE = _counted(zone="pve2")
+EARLY_START = _counted_after_a_short_start_estimate()
 
 
 def _mutations(calls: Counter[str]) -> int:
     return sum(n for key, n in calls.items() if not key.startswith("GET "))
 
 
-def test_a_create_reaches_running_in_at_most_15_requests_polls_included() -> None:
+def test_a_create_reaches_running_in_13_requests_polls_included() -> None:
     calls = PHASES["create"]
-    assert sum(calls.values()) == 15 <= 15, calls
+    assert sum(calls.values()) == 13 <= 15, calls
     assert _mutations(calls) == 5  # clone, upload, the config write, resize, start
-    # Polls: one per task (clone, upload, resize, start: each waited for its expected time,
-    # then read once), the start's wait on the VM's status before and after its task ended,
-    # and one look at the agent after the image's expected boot.
-    assert (calls[TASK], calls[STATUS], calls[AGENT]) == (4, 2, 1), calls
+    # Polls: one per task (clone, upload, resize: each waited for its expected time, then read
+    # once), one look at the VM's status for the start (at the start's expected end: the look
+    # that finds the VM running ends the wait and teaches the start's duration, so its task is
+    # not read), and one look at the agent after the image's expected boot.
+    assert (calls[TASK], calls[STATUS], calls[AGENT]) == (3, 1, 1), calls
     # The other reads: the listing, the template's config, the clone's config before the write.
     assert calls["GET /cluster/resources"] == 1
     assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == 2
     assert calls["GET /cluster/nextid"] == calls["GET /nodes/{node}/tasks"] == 0
+
+
+def test_a_start_looked_at_too_soon_costs_one_more_status_read_not_three() -> None:
+    # The estimate probing down (waits.py) plans the start's first look before the VM runs. That
+    # look waits again without reading the start task (a failed start is read at the next
+    # look); the next finds the VM running. It read the task and the status once more before.
+    calls = EARLY_START["create"]
+    assert sum(calls.values()) == 14, calls
+    assert (calls[TASK], calls[STATUS], calls[AGENT]) == (3, 2, 1), calls
+
+
+def test_a_node_where_nothing_ran_yet_plans_its_waits_from_the_other_nodes() -> None:
+    # The same estimates, learned on pve1; the create goes to pve2, where no upload, resize or
+    # start ran yet (the clone runs on the template's node, pve1). Each of those waits plans its
+    # first look from pve1's estimate instead of looking 50 ms after the submission, so the
+    # create and the seed's release cost what they cost on pve1, read for read. (The delete
+    # then plans from pve2's own first samples, which the release began to teach.)
+    assert ELSEWHERE["create"] == PHASES["create"], ELSEWHERE["create"]
+    assert ELSEWHERE["release"] == PHASES["release"], ELSEWHERE["release"]
 
 
 def test_the_seed_release_after_boot_costs_four_requests() -> None:
