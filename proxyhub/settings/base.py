@@ -570,6 +570,10 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Celery's Django fixup closes a worker's database connection around every task unless this is
+# set, and then only every this many tasks; between those, proxyhub.celery applies CONN_MAX_AGE
+# and the health check around each task, as Django does around a request.
+CELERY_DB_REUSE_MAX = 1000
 # Workers log through Django's LOGGING (proxyhub.celery connects setup_logging).
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
