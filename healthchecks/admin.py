@@ -8,11 +8,11 @@ selectors in ``healthchecks.services``.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.html import format_html
+
+from provisioning.admin.common import ReadOnlyAdmin
 
 from .models import NodeHealth
 
@@ -30,7 +30,7 @@ _SHOWN = [
 
 
 @admin.register(NodeHealth)
-class NodeHealthAdmin(admin.ModelAdmin):
+class NodeHealthAdmin(ReadOnlyAdmin):
     list_display = ["cluster", "node", "ready", "reason", "checked_at", "duration_display"]
     list_filter = ["cluster", "reason", "ready", "latest"]
     list_select_related = ["cluster"]
@@ -48,12 +48,3 @@ class NodeHealthAdmin(admin.ModelAdmin):
     @admin.display(description="details")
     def details_display(self, obj: NodeHealth) -> str:
         return format_html("<pre>{}</pre>", json.dumps(obj.details, indent=2, sort_keys=True))
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -42,7 +42,8 @@ _PAGE_KEY = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """A list of records the system writes (the journal, GC rounds, the inventory, maintenance
-    windows): the console shows them and never adds, edits or deletes one (STYLE.md, Admin)."""
+    windows, node health checks): the console shows them and never adds, edits or deletes
+    one (STYLE.md, Admin)."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

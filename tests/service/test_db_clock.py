@@ -4,8 +4,6 @@ and nothing is read."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -23,15 +21,6 @@ def _postgresql() -> None:
     clock.forget_anchor()
 
 
-def _server() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        row = cursor.fetchone()
-    assert row is not None
-    value: datetime = row[0]
-    return value
-
-
 def _clock_reads(captured: list[dict[str, str]]) -> int:
     return sum("CLOCK_TIMESTAMP()" in q["sql"].upper() for q in captured)
 
@@ -47,7 +36,7 @@ def test_the_server_clock_is_read_once_per_anchor() -> None:
 def test_the_carried_clock_is_the_servers_within_the_due_slack() -> None:
     clock.db_now()  # anchored
     before = clock.db_now()
-    server = _server()
+    server = clock._server_clock()
     after = clock.db_now()
     assert before - DUE_SLACK <= server <= after + DUE_SLACK
 
