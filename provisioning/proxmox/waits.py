@@ -4,8 +4,9 @@ A fixed poll interval is wrong both ways: too slow for the 0.1 s tasks of a smal
 chatty for a two-minute clone. So each wait is planned from what the same kind of work took
 before on the same node: the first look comes when the work is expected to have ended; if it
 has not, the next looks come after a short interval that doubles (from ``MIN_POLL``, or a tenth
-of the estimate for long work) up to the configured poll interval. The budgets
-(``budgets.Budgets``) still bound every wait; an estimate only moves the looks inside them.
+of the estimate for long work) up to the configured poll interval (with no estimate: below).
+The budgets (``budgets.Budgets``) still bound every wait; an estimate only moves the looks inside
+them.
 
 The estimates themselves are kept by the caller (the services keep them per cluster in the
 database, ``InMemoryDurations`` keeps them for tools and tests); this module only says how a
@@ -20,18 +21,28 @@ not by when it happened, as long as it landed about on time: a look always lands
 its plan (the broker's delivery, the request), and learning from the landing would grow every
 estimate by that overhead, round after round. In planned time the estimate settles where a
 planned look finds the work over. But a plan is not a fact: a look that a loaded machine
-delivered late (more than ``LATE`` after its plan, or ``MARGIN`` of it when longer) found the work
-over at its landing, and the work may have ended anywhere before that, so it counts at its
+delivered late (more than ``LATE`` after its plan, or ``LATE_SHARE`` of it when longer) found the
+work over at its landing, and the work may have ended anywhere before that, so it counts at its
 landing. Counting it at its plan taught a wait that a 0.6 s clone takes 35 ms when its first
 look, planned at 50 ms, came at 0.8 s; the next create then read that clone again and again. A look
 that found the work still going is timed by when it was sent, always: that is what Proxmox
 said (the work was going then), and the plan of a late look says less (``seen_at``). The first look
-comes ``MARGIN`` after the estimate, so the probe down (a first look that finds the work still
-going, one poll more) is the exception. The constants trade looks for lateness: in a simulation
-with 10 % jitter on the duration and a 15-45 ms overhead per look, waits took 1.3 to 1.5 looks
-each and noticed the end 7 % (2 s tasks) to 17 % (0.2 s tasks) after it, and an estimate 40 %
-too long came within 10 % in about six waits (with PROBE_DOWN 0.8: 1.1 looks, but still 50 %
-late after eight waits, which is what a cold start's wide bracket leaves).
+comes ``MARGIN`` after the estimate, and a right estimate drifts below the work until a first look
+finds it still going (one poll more), which pulls it back up.
+
+A wait with no estimate (``COLD_GROWTH``) looks after half the time waited so far: its bracket
+is at most a third of the work, so the estimate it leaves is about a sixth off at worst.
+Doubling left half unknown, and the middle of that was the next waits' plan: a 2 s boot
+bracketed as 1.97 to 3.8 s planned every later create's first look a second late (issue 12's
+latency). A cold wait costs more looks (eight instead of six to a 2 s end), once per node and
+kind.
+
+The constants trade looks for lateness. In a simulation with 10 % jitter on the duration and a
+15-45 ms overhead per look, warm waits took 1.15 (0.2 s work) to 1.33 (2 s) looks each and
+noticed the end 8 % (2 s) to 17 % (0.2 s, mostly the overhead) after it; a cold wait left an
+estimate 6 % off on average (19 % at worst); an estimate 40 % too long came within 10 % in 11
+waits. A faster probe down (0.7 with a 20 % margin) shrank that in six, but every first look
+then came a fifth late, and a cold wait's error took as long to leave.
 """
 
 from __future__ import annotations
@@ -44,11 +55,15 @@ from typing import Any, Protocol
 # after this share of the estimate when that is longer (long work is not looked at every 50 ms).
 MIN_POLL = 0.05
 STEP_SHARE = 0.1
+# With no estimate, each look comes after this share of the time waited so far (at least
+# MIN_POLL): the look that finds the work over then bounds its end within a third of its
+# duration, and the middle of that bracket is about a sixth off at worst (module docstring).
+COLD_GROWTH = 0.5
 # The first look comes this share after the expected end (module docstring).
-MARGIN = 0.2
+MARGIN = 0.05
 # A first look that found the work over counts as this share of the time it was planned for;
 # PROBE_DOWN * (1 + MARGIN) < 1, so an estimate that is too long shrinks.
-PROBE_DOWN = 0.7
+PROBE_DOWN = 0.9
 # How much one new sample moves an estimate (after the first few, which are averaged).
 ALPHA = 0.4
 # One sample moves an estimate at most this many times up or down (a task stuck behind a lock
@@ -56,10 +71,11 @@ ALPHA = 0.4
 OUTLIER_FACTOR = 4.0
 # The kind under which boot-to-address is kept (beside the task types of the UPIDs).
 BOOT = "boot"
-# A look that landed more than this after its plan (or MARGIN of the plan, when longer) was
+# A look that landed more than this after its plan (or LATE_SHARE of the plan, when longer) was
 # late: more than a delivery's usual overhead (20-35 ms on an idle machine), so the plan is no
 # longer a fair stand-in for when it looked (module docstring).
 LATE = 0.1
+LATE_SHARE = 0.2
 
 
 @dataclass(frozen=True)
@@ -100,7 +116,7 @@ def seen_at(*, planned: float | None, sent: float, landed: float, running: bool)
     the work still going."""
     if running:
         return max(0.0, sent)
-    if planned is None or landed - planned > max(LATE, MARGIN * planned):
+    if planned is None or landed - planned > max(LATE, LATE_SHARE * planned):
         return max(0.0, landed)
     return max(0.0, min(planned, landed))
 
@@ -173,7 +189,10 @@ def next_wait(*, expected: float | None, elapsed: float, cap: float, limit: floa
         return min(remaining, max(limit - elapsed, MIN_POLL))
     # Due (or nearly: no look is planned sooner than MIN_POLL, which also keeps a wait from
     # being spent re-reading in a tight loop).
-    step = max(-remaining, MIN_POLL, STEP_SHARE * (expected or 0.0))
+    if expected is None:
+        step = max(MIN_POLL, COLD_GROWTH * elapsed)
+    else:
+        step = max(-remaining, MIN_POLL, STEP_SHARE * expected)
     return min(step, cap)
 
 

@@ -189,11 +189,15 @@ def test_a_node_where_nothing_ran_yet_plans_its_waits_from_the_other_nodes() -> 
     assert ELSEWHERE["release"] == PHASES["release"], ELSEWHERE["release"]
 
 
-def test_the_seed_release_after_boot_costs_four_requests() -> None:
+def test_the_seed_release_after_boot_costs_four_requests_and_at_most_one_early_look() -> None:
     calls = PHASES["release"]
-    assert sum(calls.values()) == 4, calls
     assert _mutations(calls) == 2  # the eject and the volume delete
-    assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == calls[TASK] == 1
+    assert calls["GET /nodes/{node}/qemu/{vmid}/config"] == 1
+    # One read of the volume delete's task, or two when the estimate has probed down below
+    # the task (waits.PROBE_DOWN: a right estimate drifts down until a first look comes early,
+    # which here, the fourth delete of its kind, it does).
+    assert calls[TASK] in (1, 2), calls
+    assert sum(calls.values()) == 3 + calls[TASK], calls
 
 
 def test_a_delete_of_a_running_vm_costs_ten_requests() -> None:
