@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .router import Ctx, Reply, handler
@@ -69,14 +70,46 @@ def task_stop(ctx: Ctx) -> None:
     ctx.sim.scheduler.interrupt(task, ctx.now)
 
 
+_STATUS_TYPES = ("ok", "warning", "error", "unknown")
+
+
+def _status_type(status: str | None) -> str:
+    """pve-common's ``upid_normalize_status_type``: a task with no status yet (running) is
+    ``unknown``, as is one whose log ended without a status line."""
+    if not status or status == "unexpected status":
+        return "unknown"
+    if status == "OK":
+        return "ok"
+    if re.fullmatch(r"WARNINGS: \d+", status):
+        return "warning"
+    return "error"
+
+
+def _status_types(statusfilter: str | None, *, errors: bool) -> set[str]:
+    """The status types a list keeps: all; those ``statusfilter`` names (a list split on
+    commas, semicolons or blanks); with ``errors``, all but ``ok`` (it wins over the filter)."""
+    if errors:
+        return set(_STATUS_TYPES) - {"ok"}
+    if statusfilter is None:
+        return set(_STATUS_TYPES)
+    return {part.lower() for part in re.split(r"[\s,;]+", statusfilter) if part}
+
+
 @handler("GET /nodes/{node}/tasks")
 def task_list(ctx: Ctx) -> Reply:
-    """Finished tasks by default (``source=archive``), newest first; ``active``/``all``."""
+    """Finished tasks by default (``source=archive``), newest first; ``active``/``all``.
+
+    The filters as pve-manager's ``PVE/API2/Tasks.pm`` applies them (pve-reference §4.4):
+    ``typefilter`` is the exact type, ``userfilter`` a part of the user in any case, ``vmid``
+    the exact id, ``since``/``until`` bound the start time, and ``statusfilter`` (or
+    ``errors``, which only drops ``ok``) takes the normalised status (``_status_type``)."""
     source = ctx.text("source", "archive")
     vmid = ctx.text("vmid")
     typefilter = ctx.text("typefilter")
-    userfilter = ctx.text("userfilter")
-    errors_only = ctx.flag("errors")
+    userfilter = (ctx.text("userfilter") or "").lower()
+    since = ctx.integer("since")
+    until = ctx.integer("until")
+    wanted = _status_types(ctx.text("statusfilter"), errors=ctx.flag("errors"))
     selected: list[Task] = []
     for task in ctx.sim.scheduler.tasks.values():
         if task.node != ctx.node_name:
@@ -87,11 +120,15 @@ def task_list(ctx: Ctx) -> Reply:
             continue
         if vmid is not None and task.id != vmid:
             continue
-        if typefilter and typefilter not in task.type:
+        if typefilter and task.type != typefilter:
             continue
-        if userfilter and userfilter not in task.user:
+        if userfilter and userfilter not in task.user.lower():
             continue
-        if errors_only and (task.is_running or task.exitstatus == "OK"):
+        if since is not None and task.starttime < since:
+            continue
+        if until is not None and task.starttime > until:
+            continue
+        if _status_type(None if task.is_running else task.exitstatus) not in wanted:
             continue
         selected.append(task)
     selected.sort(key=lambda t: (t.starttime, t.pid), reverse=True)

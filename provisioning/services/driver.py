@@ -32,7 +32,9 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -90,9 +92,10 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
 
     When the step gave a task slot back to a waiting step (services.slots), that step runs
     next, here: the slot's node gets its next task now rather than after the waiter's message
-    has waited its turn in the queue behind every other step. Its message is queued as well;
-    whichever delivery comes second finds the step taken and exits. One such step per delivery:
-    what that one frees waits for its message.
+    has waited its turn in the queue behind every other step. It has no message then (one would
+    only cost a delivery that finds the step taken: issue 12, one in seven of a capped fleet's
+    deliveries); it is sent when this delivery cannot claim the step, or fails before it has.
+    One such step per delivery: what that one frees waits for its message.
 
     A step whose next step is due at once, while no other operation's step is due, runs that
     next step here too instead of sending it through the broker (``_others_due``), up to
@@ -102,24 +105,32 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     started = time.monotonic()
     # The chained step's token, committed with no message, until this delivery claims it.
     unsent: list[str] = []
+    # The woken waiter this delivery is to run, with no message, until it claims its step.
+    waiting: list[slots.Woken] = []
     try:
         for run in range(CHAIN_STEPS):
             may_chain = run + 1 < CHAIN_STEPS and time.monotonic() - started < CHAIN_SECONDS
             unsent.clear()
             with slots.collecting_woken() as woken:
-                chained = _run_one(
-                    operation_id=operation_id,
-                    token=token,
-                    trace_parent=trace_parent,
-                    may_chain=may_chain,
-                    unsent=unsent,
-                )
-            for waiter in woken[:1]:
+                try:
+                    chained = _run_one(
+                        operation_id=operation_id,
+                        token=token,
+                        trace_parent=trace_parent,
+                        may_chain=may_chain,
+                        unsent=unsent,
+                    )
+                finally:
+                    waiting[:] = [w for w in woken if not w.sent]
+            for waiter in list(waiting):
                 _run_one(
                     operation_id=waiter.operation_id,
                     token=waiter.token,
                     trace_parent=waiter.trace_parent,
+                    on_unclaimed=partial(_send_woken, waiter),
+                    on_claimed=waiting.clear,
                 )
+                waiting.clear()
             if chained is None:
                 return
             token = chained
@@ -127,10 +138,19 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
         # A failure between the chained step's commit and its claim (the database or the
         # process going away) must not leave it due with no message: only the sweeper's
         # overdue re-send would find it. If it was claimed after all, the message is stale
-        # and its delivery exits (claims.claim_take).
+        # and its delivery exits (claims.claim_take). The same for a woken waiter not yet
+        # claimed (once claimed, a failure leaves its claim to expire, as for any step).
         for pending in unsent:
             dispatch.send_after_commit(operation_id, pending, 0.0, trace_parent)
+        for waiter in waiting:
+            _send_woken(waiter)
         raise
+
+
+def _send_woken(waiter: slots.Woken) -> None:
+    """Send the step of a woken waiter this delivery did not claim (a stale token's message
+    is harmless: its delivery exits)."""
+    dispatch.send_after_commit(waiter.operation_id, waiter.token, 0.0, waiter.trace_parent)
 
 
 def _run_one(
@@ -140,14 +160,21 @@ def _run_one(
     trace_parent: str,
     may_chain: bool = False,
     unsent: list[str] | None = None,
+    on_unclaimed: Callable[[], None] | None = None,
+    on_claimed: Callable[[], None] | None = None,
 ) -> str | None:
     """Run one step; returns the token of the operation's next step when this delivery is to
     run it too (no message was sent for it), else None. That token is also put in ``unsent``
-    as soon as it is committed, for the caller to send should anything fail before it runs."""
+    as soon as it is committed, for the caller to send should anything fail before it runs.
+    ``on_unclaimed``/``on_claimed``: called when the claim was refused / taken."""
     now = db_now()
     claim = claims.claim_take(operation_id=operation_id, token=token, now=now)
     if claim is None:
+        if on_unclaimed is not None:
+            on_unclaimed()
         return None
+    if on_claimed is not None:
+        on_claimed()
     op = Operation.objects.select_related("proxy", "cluster", "cluster__circuit").get(
         pk=operation_id
     )

@@ -12,8 +12,9 @@ the row count (STYLE.md), which PostgreSQL re-checks on the row it waited for an
 writer serialises: two workers never both take the last slot. A step that finds none records
 itself as a ``SlotWaiter`` (the operator sees "waiting for a task slot") and gives its claim
 back without a message. Whoever frees a slot hands it straight to the oldest waiter of that key
-and sends that waiter's step at once, in the same transaction: a queued step starts the moment a
-slot frees, not at the next poll, and no newcomer overtakes it.
+and sends that waiter's step at once, in the same transaction (or, for the first waiter a step's
+delivery wakes, runs it in that delivery: ``collecting_woken``): a queued step starts the moment
+a slot frees, not at the next poll, and no newcomer overtakes it.
 
 A worker that dies holding a slot cannot leak it: the sweeper (``slots_recover``) frees every
 slot whose holder finished, or whose holder has no live claim and no task to wait for, and hands
@@ -459,19 +460,26 @@ def _wake(operation_id: Any, now: datetime) -> None:
     if str(op["last_error"]).startswith(WAIT_NOTE):
         updates["last_error"] = ""
     if Operation.objects.filter(pk=operation_id, state__in=ACTIVE_STATES).update(**updates):
-        dispatch.send_after_commit(str(operation_id), token, 0.0, op["trace_parent"])
         woken = _woken.get()
+        # The first waiter a collecting delivery wakes is run by that delivery (driver), which
+        # sends its message only if it cannot: a message sent now would only be delivered
+        # after that run, to find the step taken (issue 12). Every other waiter is sent now.
+        runs_here = woken is not None and not any(not w.sent for w in woken)
+        if not runs_here:
+            dispatch.send_after_commit(str(operation_id), token, 0.0, op["trace_parent"])
         if woken is not None:
-            woken.append(Woken(str(operation_id), token, str(op["trace_parent"])))
+            woken.append(Woken(str(operation_id), token, str(op["trace_parent"]), not runs_here))
 
 
 @dataclass(frozen=True)
 class Woken:
-    """A waiter handed a slot: the step message it was sent."""
+    """A waiter handed a slot: its step's token; ``sent``: whether its message went out (False
+    for the one the collecting delivery is to run itself, ``collecting_woken``)."""
 
     operation_id: str
     token: str
     trace_parent: str
+    sent: bool = True
 
 
 # Filled while a delivery collects the waiters its step woke (``collecting_woken``).
@@ -482,7 +490,8 @@ _woken: ContextVar[list[Woken] | None] = ContextVar("proxyhub_slots_woken", defa
 def collecting_woken() -> Iterator[list[Woken]]:
     """Within the block, every waiter handed a slot is appended to the list it yields, so the
     delivery that freed the slot can run that step itself (``driver``) instead of leaving it
-    a queue's round trip behind every other message."""
+    a queue's round trip behind every other message. The first one gets no message: whoever
+    collects must run it, or send it (``dispatch.send_after_commit``) when it cannot."""
     found: list[Woken] = []
     reset = _woken.set(found)
     try:

@@ -11,6 +11,7 @@ from provisioning.proxmox.api import Api
 from pvesim.protocol import SimRequest
 from pvesim.simtasks import UPID_RE
 from pvesim.simulator import Simulator
+from tests.pvesim.conftest import Raw
 from tests.support.simtransport import SimTransport
 
 
@@ -194,3 +195,46 @@ def test_concurrent_requests_from_many_threads(engine: Simulator, api: Api, fini
         i["volid"] for i in api.storage_content("pve1", "vmstore") if i.get("vmid", 0) >= 101400
     ]
     assert len(volumes) == len(set(volumes)) == 16
+
+
+def test_the_task_list_filters_as_proxmox_does(timed: Any) -> None:
+    """``GET /nodes/{node}/tasks``'s filters (pve-reference §4.4, read from pve-manager
+    ``PVE/API2/Tasks.pm``): ``typefilter`` is the exact type; ``since``/``until`` bound the
+    task's start time; ``statusfilter`` takes the normalised status (``ok``, ``warning``,
+    ``error``, ``unknown``; a task still running has none yet, so it is ``unknown``) and
+    ``errors`` drops only ``ok``; ``userfilter`` matches part of the user, any case."""
+    api, engine = timed.api, timed.engine
+    raw = Raw(engine)
+
+    def listed(**query: str) -> list[str]:
+        body = raw.json("GET", "/api2/json/nodes/pve2/tasks", query={"source": "all", **query})
+        return [t["upid"] for t in body["data"]]
+
+    stopped = api.stop("pve2", 101)
+    timed.wait(stopped, "pve2")
+    timed.advance(2.0)  # starttime has a resolution of one second
+    engine.control.fail_next_task("qmstart", "start failed: QEMU exited with code 1")
+    failed = api.start("pve2", 101)
+    timed.wait(failed, "pve2")
+    timed.advance(2.0)
+    running = api.start("pve2", 101)
+    assert api.task_status("pve2", running)["status"] == "running"
+    starts = {u: int(u.split(":")[4], 16) for u in (stopped, failed, running)}
+
+    assert set(listed()) == {stopped, failed, running}
+    assert listed(typefilter="qmst") == []  # not a part of the type: the type
+    assert set(listed(typefilter="qmstart")) == {failed, running}
+    assert set(listed(since=str(starts[failed]))) == {failed, running}
+    assert set(listed(until=str(starts[failed]))) == {stopped, failed}
+    assert listed(statusfilter="ok") == [stopped]
+    assert listed(statusfilter="error") == [failed]
+    assert listed(statusfilter="unknown") == [running]
+    assert set(listed(statusfilter="ok,error")) == {stopped, failed}
+    assert set(listed(errors="1")) == {failed, running}
+    assert set(listed(userfilter="PROXYHUB")) == {stopped, failed, running}
+    assert listed(userfilter="someone-else") == []
+    # The envelope's total counts what the filters kept, before the page.
+    body = raw.json(
+        "GET", "/api2/json/nodes/pve2/tasks", query={"source": "all", "since": str(starts[failed])}
+    )
+    assert body["total"] == 2

@@ -5,6 +5,7 @@ Counts come from the pump (the messages sent) and the simulator's ledger."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -86,11 +87,12 @@ def test_a_database_error_after_a_chained_step_committed_still_leaves_its_messag
             if where == "learning the duration":
                 monkeypatch.setattr(driver, "_learn_duration", _drops_out)
             else:  # the step gave a slot to a waiter, which this delivery runs next
-                woken.append(slots.Woken("a-waiter", "its-token", ""))
+                # Woken by this delivery, which is to run it: no message went out for it.
+                woken.append(slots.Woken(waiter_id, "its-token", "", sent=False))
         return token
 
     def run_one(**kw: Any) -> str | None:
-        if kw["operation_id"] == "a-waiter":
+        if kw["operation_id"] == waiter_id:
             _drops_out()
         return real_run_one(**kw)
 
@@ -98,6 +100,7 @@ def test_a_database_error_after_a_chained_step_committed_still_leaves_its_messag
         raise OperationalError("the connection dropped")
 
     woken: list[slots.Woken] = []
+    waiter_id = str(uuid.uuid4())  # no such operation: its message's delivery exits
 
     @contextmanager
     def collecting() -> Iterator[list[slots.Woken]]:
@@ -114,5 +117,7 @@ def test_a_database_error_after_a_chained_step_committed_still_leaves_its_messag
                 pump.deliver_one()
     assert Operation.objects.get(proxy__name="p0").dispatch_token == chained[0]
     assert chained[0] in {m.token for m in pump.queue}, "the chained step has no message"
+    if where == "running a woken waiter":
+        assert "its-token" in {m.token for m in pump.queue}, "the woken waiter has no message"
     pump.run()
     assert Proxy.objects.get(name="p0").phase == Phase.RUNNING

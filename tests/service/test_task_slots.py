@@ -13,12 +13,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation, OperationStep, Proxy, SlotWaiter, TaskSlot
 from provisioning.models.choices import OperationState, Phase
-from provisioning.services import claims, operations, placement, slots
+from provisioning.services import claims, driver, operations, placement, slots
 from provisioning.services.clock import db_now
 from provisioning.services.placement import NodeHealthView
 from provisioning.services.sweeper import operations_sweep
@@ -113,8 +113,10 @@ def test_a_waiting_step_is_shown_to_the_operator(pump: Pump, sim: Sim, capped: N
 def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     pump: Pump, sim: Sim, capped: None
 ) -> None:
-    """The waiter's message goes to the back of the queue; the step that gave the slot back
-    runs the waiter's step at once, so the node gets its next task without that round trip."""
+    """The step that gave the slot back runs the waiter's step at once, so the node gets its
+    next task without a round trip through the queue; and it sends the waiter no message, which
+    would only cost a delivery that finds the step taken (issue 12: about one in seven of a
+    fleet's deliveries did)."""
     _creates(pump, sim, CAP + 1)
     waiter = _first_waiter(pump)
     clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
@@ -125,9 +127,81 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     op = Operation.objects.get(pk=waiter.operation_id)
     assert op.progress["create"]["stage"] == "clone_wait"
     assert len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"]) == CAP + 1
-    assert str(op.pk) in {m.operation_id for m in pump.queue}  # its message, now stale
+    # Its next message is the one its clone's wait sent, not a stale wake-up.
+    assert [m.token for m in pump.queue if m.operation_id == str(op.pk)] == [op.dispatch_token]
     pump.run()
     assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+
+
+def test_no_delivery_of_a_fleet_capped_on_one_node_finds_its_step_taken(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every waiter handed a slot is run by the delivery that freed it, with no message of its
+    own: no delivery of the fleet is spent on a step another one already ran."""
+    taken: list[str] = []
+    real = claims.claim_take
+
+    def counted(*, operation_id: str, token: str, now: Any) -> str | None:
+        claim = real(operation_id=operation_id, token=token, now=now)
+        if claim is None:
+            taken.append(operation_id)
+        return claim
+
+    monkeypatch.setattr(claims, "claim_take", counted)
+    _creates(pump, sim, 2 * CAP)
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (2 * CAP)
+    assert OperationStep.objects.filter(name="slot_wait").exists()
+    assert taken == []
+
+
+@pytest.mark.parametrize("fault", ["before its claim", "while it runs"])
+def test_a_woken_waiter_whose_inline_run_fails_still_runs(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """The waiter's step has no message while the delivery that freed its slot is to run it.
+    When that delivery fails first (the database drops out as it claims the step, or while
+    the step runs), the waiter's message is sent after all: the create does not sit in
+    Creating until the sweeper's overdue re-send."""
+    _creates(pump, sim, CAP + 1)
+    waiter = _first_waiter(pump)
+    real_take, real_attempt = claims.claim_take, driver._attempt
+    failed: list[str] = []
+
+    def drops_out() -> None:
+        failed.append(fault)
+        raise OperationalError("the connection dropped")
+
+    def take(*, operation_id: str, token: str, now: Any) -> str | None:
+        if operation_id == str(waiter.operation_id) and not failed and fault == "before its claim":
+            drops_out()
+        return real_take(operation_id=operation_id, token=token, now=now)
+
+    def attempt(op: Operation) -> Any:
+        if str(op.pk) == str(waiter.operation_id) and not failed and fault == "while it runs":
+            drops_out()
+        return real_attempt(op)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(claims, "claim_take", take)
+        patch.setattr(driver, "_attempt", attempt)
+        with pytest.raises(OperationalError):
+            for _ in range(20):
+                _deliver_one(pump)
+    assert failed == [fault]
+    if fault == "before its claim":
+        token = Operation.objects.get(pk=waiter.operation_id).dispatch_token
+        assert token in {m.token for m in pump.queue}, "the woken waiter has no message"
+    else:
+        # Claimed, then failed: its claim runs out and the sweeper sends it, as for any
+        # delivery that died mid-step (it holds the slot it was handed meanwhile).
+        Operation.objects.filter(pk=waiter.operation_id).update(
+            claim_expires_at=db_now() - timedelta(seconds=1)
+        )
+        pump.call(operations_sweep)
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (CAP + 1)
+    assert not TaskSlot.objects.exclude(operation=None).exists()
 
 
 def test_a_waiter_that_takes_a_free_slot_itself_leaves_no_waiter_row_behind(
@@ -173,14 +247,27 @@ def _first_waiter(pump: Pump) -> SlotWaiter:
 # --- a wake-up that meets the waiter's own delivery ----------------------------------------
 
 
-def _hand_a_slot_to(op: Operation) -> None:
+def _hand_a_slot_to(op: Operation, *, collected: bool = True) -> None:
     """Another worker's step ends and gives back one of the node's slots, which goes to
-    ``op`` (the oldest waiter) with its step message. What that worker collects to run itself
-    is its own, not this delivery's."""
+    ``op`` (the oldest waiter). What that worker collects to run itself is its own, not this
+    delivery's: it tries to run ``op``'s step, finds it claimed (by this delivery) and sends
+    its message instead (driver.operation_run_step). ``collected=False``: a release that runs
+    nothing itself (the sweeper's) sends the message at once."""
     holder = TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=op.pk)
     other = Operation.objects.select_related("cluster").get(pk=holder.first().operation_id)
-    with slots.collecting_woken(), transaction.atomic():
+    if not collected:
+        with transaction.atomic():
+            slots.slots_keep(operation=other, keys=(), now=db_now())
+        return
+    with slots.collecting_woken() as woken, transaction.atomic():
         slots.slots_keep(operation=other, keys=(), now=db_now())
+    for waiter in woken:
+        if not waiter.sent:
+            taken = claims.claim_take(
+                operation_id=waiter.operation_id, token=waiter.token, now=db_now()
+            )
+            assert taken is None, "the waiter's own delivery holds its claim"
+            driver._send_woken(waiter)
 
 
 def test_a_slot_handed_over_between_the_last_look_and_the_wait_still_runs_the_step(
@@ -244,7 +331,7 @@ def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
         if op.pk == me.pk and len(looks) == 2:
             # Between the waiter row and the last look: one holder hands its slot to this
             # waiter, and another frees one with nobody else waiting.
-            _hand_a_slot_to(me)
+            _hand_a_slot_to(me, collected=False)
             spare = (
                 TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=me.pk)
             )
