@@ -13,11 +13,13 @@ unsafe value.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from celery import Celery
+from celery import Celery, platforms
 from celery.signals import setup_logging, task_postrun, task_prerun, worker_init
 from django.core import checks
 
@@ -32,6 +34,29 @@ os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 app = Celery("proxyhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# prctl(2)'s option that asks the kernel to signal this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _set_pdeathsig(signum: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, signum)`` through ctypes, as billiard does without cffi.
+
+    Each prefork pool process makes this call as it starts, so that it dies with its parent
+    (Celery's ``process_initializer``). billiard makes it through cffi whenever cffi can be
+    imported, and cryptography installs cffi for its own backend: every pool process then
+    imports pycparser to parse that one C declaration, about 1.7 MiB of each pool process
+    (issue 12: the worker's memory). The call and its effect are the same; Celery ignores the
+    ``OSError`` of a kernel without it, as it does billiard's."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signum), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+if sys.platform.startswith("linux"):
+    platforms._set_pdeathsig = _set_pdeathsig  # what celery.platforms.set_pdeathsig calls
+
 
 # Broker transports whose unacknowledged messages come back after a visibility timeout.
 _VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")

@@ -1,4 +1,5 @@
-"""The checks a worker runs at start: all but the web console's, which would import it."""
+"""A worker at start: the checks it runs (all but the console's and manage.py's, which would
+import them) and the console it does not load."""
 
 from __future__ import annotations
 
@@ -9,18 +10,41 @@ from typing import Any
 import pytest
 from conftest import _run
 
-from proxyhub.worker_checks import WEB_ONLY_TAGS, run_worker_checks, worker_check_tags
+from proxyhub.worker_checks import NOT_WORKER_TAGS, run_worker_checks, worker_check_tags
 
-# What a worker at start does: Celery's loader (its Django fixup runs the checks unless told
-# not to), then proxyhub's worker_init checks; then which console modules got imported.
+# What a worker at start does: Celery's loader starts the worker (its Django fixup sets Django
+# up, and runs the checks unless told not to), then proxyhub's worker_init checks; then which
+# modules of the console and of manage.py got imported.
 _WORKER_START = """
 import json, sys
 from proxyhub.celery import app
-app.loader.import_default_modules()
+app.loader.init_worker()
 from proxyhub.worker_checks import run_worker_checks
 found = run_worker_checks()
-console = ["proxyhub.urls", "proxyhub.twofactor.views", "qrcode", "pycdlib"]
+console = [
+    "proxyhub.urls", "proxyhub.twofactor.views", "qrcode", "pycdlib",
+    "provisioning.admin", "healthchecks.admin", "proxyhub.twofactor.admin", "django_otp.admin",
+    "django.core.management.commands.makemigrations",
+]
 print("LOADED " + json.dumps([m for m in console if m in sys.modules]))
+"""
+
+# A Celery process that loads the URLconf all the same: the console it serves is whole, and
+# the authenticator admin is this project's, not django-otp's (which shows a device's key).
+_WORKER_LOADS_URLS = """
+import json
+from proxyhub.celery import app
+app.loader.init_worker()
+import proxyhub.urls
+from django.contrib import admin
+from django_otp.plugins.otp_totp.models import TOTPDevice
+from provisioning.models import Proxy
+from healthchecks.models import NodeHealth
+print("SITE " + json.dumps({
+    "proxy": Proxy in admin.site._registry,
+    "health": NodeHealth in admin.site._registry,
+    "totp": type(admin.site._registry.get(TOTPDevice)).__module__,
+}))
 """
 
 
@@ -31,10 +55,23 @@ def test_a_starting_worker_does_not_import_the_console(prod_env: dict[str, str])
     assert json.loads(line.removeprefix("LOADED ")) == []
 
 
-def test_the_worker_checks_are_all_but_the_web_ones() -> None:
+def test_a_worker_that_loads_the_urlconf_serves_the_whole_console(
+    prod_env: dict[str, str],
+) -> None:
+    done = _run(["-c", _WORKER_LOADS_URLS], prod_env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("SITE "))
+    assert json.loads(line.removeprefix("SITE ")) == {
+        "proxy": True,
+        "health": True,
+        "totp": "proxyhub.twofactor.admin",
+    }
+
+
+def test_the_worker_checks_are_all_but_the_console_and_command_ones() -> None:
     tags = set(worker_check_tags())
     assert {"celery", "proxyhub", "models", "database"} <= tags
-    assert not tags & WEB_ONLY_TAGS
+    assert not tags & NOT_WORKER_TAGS
 
 
 @pytest.mark.django_db
