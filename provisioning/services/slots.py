@@ -199,40 +199,49 @@ def slots_held(*, operation: Operation) -> list[Held]:
 
 def _take_one(op: Operation, key: str, now: datetime) -> Held | bool:
     """Take a free slot of ``key`` for ``op``: the slot taken, True when the key has no limit
-    (0), False when none is free."""
+    (0), False when none is free.
+
+    One read of the key's rows tells both which look free and whether any are missing (issue
+    12: a key with every slot taken was read twice, once for free rows and once for all)."""
     limit = _limit(key)
     if limit == 0:
         return True
     for attempt in range(2):
-        for pk, seq in _free_slots(op.cluster_id, key, limit):
+        rows = _slot_rows(op.cluster_id, key, limit)
+        for pk, seq, holder in rows:
             # The row count decides: PostgreSQL re-checks "still free" on the row it waited
             # for, SQLite runs one writer at a time.
-            if TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
-                operation_id=op.pk, taken_at=now
+            if holder is None and (
+                TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
+                    operation_id=op.pk, taken_at=now
+                )
             ):
                 return Held(pk, op.cluster_id, key, seq)
-        if attempt == 0 and not _ensure_rows(op.cluster_id, key, limit):
+        if attempt == 0 and not _create_missing(op.cluster_id, key, limit, rows):
             return False
     return False
 
 
-def _free_slots(cluster_id: Any, key: str, limit: int) -> list[tuple[int, int]]:
-    """The key's slots (pk, seq) that looked free just now (another taker may take one
+def _slot_rows(cluster_id: Any, key: str, limit: int) -> list[tuple[int, int, Any]]:
+    """The key's slots (pk, seq, holder) as they were just now (another taker may take one
     meanwhile)."""
     return list(
-        TaskSlot.objects.filter(
-            cluster_id=cluster_id, key=key, seq__lt=limit, operation__isnull=True
-        ).values_list("pk", "seq")
+        TaskSlot.objects.filter(cluster_id=cluster_id, key=key, seq__lt=limit).values_list(
+            "pk", "seq", "operation_id"
+        )
     )
 
 
 def _ensure_rows(cluster_id: Any, key: str, limit: int) -> bool:
     """Create the key's missing slot rows; True when any were missing."""
-    have = set(
-        TaskSlot.objects.filter(cluster_id=cluster_id, key=key, seq__lt=limit).values_list(
-            "seq", flat=True
-        )
-    )
+    return _create_missing(cluster_id, key, limit, _slot_rows(cluster_id, key, limit))
+
+
+def _create_missing(
+    cluster_id: Any, key: str, limit: int, rows: list[tuple[int, int, Any]]
+) -> bool:
+    """Create the key's slot rows missing from ``rows``; True when any were missing."""
+    have = {seq for _, seq, _ in rows}
     missing = [s for s in range(limit) if s not in have]
     if missing:
         TaskSlot.objects.bulk_create(
@@ -269,9 +278,18 @@ def slots_take(
             continue  # the task runs anyway: poll it, and count it once a slot frees
         waited = True
         with transaction.atomic():
-            SlotWaiter.objects.get_or_create(
-                operation_id=operation.pk,
-                defaults={"cluster_id": operation.cluster_id, "key": key, "since": now},
+            # The waiter row if missing (a row already there keeps its place in the queue:
+            # get_or_create's read, savepoint and insert in one statement, issue 12).
+            SlotWaiter.objects.bulk_create(
+                [
+                    SlotWaiter(
+                        operation_id=operation.pk,
+                        cluster_id=operation.cluster_id,
+                        key=key,
+                        since=now,
+                    )
+                ],
+                ignore_conflicts=True,
             )
             SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
                 key=key, since=now
