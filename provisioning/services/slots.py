@@ -188,6 +188,10 @@ class Held:
     seq: int
 
 
+# A key's slot rows as one read saw them: (pk, seq, holding operation or None), by key.
+Seen = dict[str, list[tuple[int, int, Any]]]
+
+
 def slots_held(*, operation: Operation) -> list[Held]:
     """Every slot ``operation`` holds now (one query): a step reads them once, takes what it
     lacks (``slots_take``) and gives back what it no longer needs (``slots_keep``) from them."""
@@ -197,7 +201,27 @@ def slots_held(*, operation: Operation) -> list[Held]:
     return [Held(*row) for row in rows]
 
 
-def _take_one(op: Operation, key: str, now: datetime) -> Held | bool:
+def slots_look(*, operation: Operation, keys: tuple[str, ...]) -> tuple[list[Held], Seen]:
+    """``slots_held`` and the rows of ``keys`` in the operation's cluster, from one query (issue
+    12: a step about to submit read its own slots, then the key's): the held slots, and the
+    key's rows for ``slots_take``'s first look at them (its look after recording a waiter
+    reads them again)."""
+    rows = TaskSlot.objects.filter(
+        Q(operation_id=operation.pk) | Q(cluster_id=operation.cluster_id, key__in=keys)
+    ).values_list("pk", "cluster_id", "key", "seq", "operation_id")
+    held: list[Held] = []
+    seen: Seen = {key: [] for key in keys}
+    for pk, cluster_id, key, seq, holder in rows:
+        if holder == operation.pk:
+            held.append(Held(pk, cluster_id, key, seq))
+        if cluster_id == operation.cluster_id and key in seen:
+            seen[key].append((pk, seq, holder))
+    return held, seen
+
+
+def _take_one(
+    op: Operation, key: str, now: datetime, seen: list[tuple[int, int, Any]] | None = None
+) -> Held | bool:
     """Take a free slot of ``key`` for ``op``: the slot taken, True when the key has no limit
     (0), False when none is free.
 
@@ -207,7 +231,10 @@ def _take_one(op: Operation, key: str, now: datetime) -> Held | bool:
     if limit == 0:
         return True
     for attempt in range(2):
-        rows = _slot_rows(op.cluster_id, key, limit)
+        if attempt == 0 and seen is not None:
+            rows = [row for row in seen if row[1] < limit]
+        else:
+            rows = _slot_rows(op.cluster_id, key, limit)
         for pk, seq, holder in rows:
             # The row count decides: PostgreSQL re-checks "still free" on the row it waited
             # for, SQLite runs one writer at a time.
@@ -252,11 +279,17 @@ def _create_missing(
 
 
 def slots_take(
-    *, operation: Operation, need: Need, now: datetime, held: list[Held] | None = None
+    *,
+    operation: Operation,
+    need: Need,
+    now: datetime,
+    held: list[Held] | None = None,
+    seen: Seen | None = None,
 ) -> str | None:
     """Hold every slot ``need`` names; returns None when held, else the key it waits for.
     ``held``: the operation's slots as ``slots_held`` read them, extended with those taken here
-    (read when not given).
+    (read when not given); ``seen``: the needed keys' rows as ``slots_look`` read them with
+    ``held``, for the first look at each (read when not given).
 
     A waiting operation is recorded as a waiter in a transaction of its own before it looks one
     last time: whoever frees a slot after that look sees the waiter and hands it the slot, and
@@ -269,7 +302,7 @@ def slots_take(
         if any(h.key == key for h in held):
             continue
         with transaction.atomic():
-            taken = _take_one(operation, key, now)
+            taken = _take_one(operation, key, now, (seen or {}).get(key))
         if taken:
             if isinstance(taken, Held):
                 held.append(taken)

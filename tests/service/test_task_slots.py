@@ -327,7 +327,7 @@ def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
     real_take = slots._take_one
     looks: list[int] = []
 
-    def handed_over_first(op: Operation, key: str, when: Any) -> Any:
+    def handed_over_first(op: Operation, key: str, when: Any, *seen: Any) -> Any:
         looks.append(1)
         if op.pk == me.pk and len(looks) == 2:
             # Between the waiter row and the last look: one holder hands its slot to this
@@ -337,7 +337,7 @@ def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
                 TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=me.pk)
             )
             spare.filter(pk=spare.first().pk).update(operation=None, taken_at=None)
-        return real_take(op, key, when)
+        return real_take(op, key, when, *seen)
 
     monkeypatch.setattr(slots, "_take_one", handed_over_first)
     assert slots.slots_take(operation=me, need=slots.Need((KEY,)), now=now) is None
