@@ -310,6 +310,7 @@ def slots_take(
         if need.in_flight:
             continue  # the task runs anyway: poll it, and count it once a slot frees
         waited = True
+        cluster_id: Any = operation.cluster_id  # a step with a slot key has a cluster
         with transaction.atomic():
             # The waiter row if missing (a row already there keeps its place in the queue:
             # get_or_create's read, savepoint and insert in one statement, issue 12).
@@ -317,7 +318,7 @@ def slots_take(
                 [
                     SlotWaiter(
                         operation_id=operation.pk,
-                        cluster_id=operation.cluster_id,
+                        cluster_id=cluster_id,
                         key=key,
                         since=now,
                     )
