@@ -215,8 +215,8 @@ def _run_one(
     held: list[slots.Held] | None = None
     if need.keys:
         # A step about to submit a task first takes a slot of its node (services.slots).
-        held = slots.slots_held(operation=op)
-        waiting_for = slots.slots_take(operation=op, need=need, now=now, held=held)
+        held, seen = slots.slots_look(operation=op, keys=need.keys)
+        waiting_for = slots.slots_take(operation=op, need=need, now=now, held=held, seen=seen)
         if waiting_for is not None:
             slots.slot_wait(operation=op, claim=claim, key=waiting_for, now=now)
             return None

@@ -13,12 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.db import DatabaseError
-from django.db.models import Min
+from django.db.models import Case, ExpressionWrapper, F, FloatField, Min, Value, When
+from django.db.models.functions import Cast, Greatest, Least
 from django.utils import timezone
 
 from provisioning.models import WorkDuration
 from provisioning.proxmox.steps import TIMING, StepResult
-from provisioning.proxmox.waits import Estimate, Timing, learn
+from provisioning.proxmox.waits import ALPHA, OUTLIER_FACTOR, Timing, learn
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -68,29 +69,54 @@ def durations_elsewhere(*, cluster_id: int, kind: str, scope: str) -> float | No
 def durations_learn(*, cluster_id: int, timing: Timing, ceiling: float | None = None) -> None:
     """Move the estimate of ``timing``'s work by what that wait saw (``waits.learn``).
 
-    Two statements in autocommit, no lock: this runs in the step's delivery, on the create's
-    path. A concurrent step that moved the row between the read and the write wins and this
-    sample is dropped (the write is conditional on the sample count it read): an estimate needs
-    most samples, not every one."""
+    One statement in autocommit, no lock, on the create's path (issue 12: it was a read then a
+    conditional write): the row is moved by ``waits.learn``'s arithmetic written as SQL
+    (``_learned``), so a concurrent step's sample is applied after this one instead of
+    dropping it. A row not there yet is made from this sample (a concurrent first sample
+    wins and this one is dropped: an estimate needs most samples, not every one)."""
     key = {"cluster_id": cluster_id, "kind": timing.kind, "scope": timing.scope}
     try:
-        row = WorkDuration.objects.filter(**key).values_list("pk", "seconds", "samples").first()
-        if row is None:
+        moved = WorkDuration.objects.filter(**key).update(
+            seconds=_learned(timing.sample(), ceiling),
+            samples=F("samples") + 1,
+            updated_at=timezone.now(),
+        )
+        if not moved:
             first = learn(None, timing, ceiling=ceiling)
             WorkDuration.objects.bulk_create(
                 [WorkDuration(**key, seconds=first.seconds, samples=first.samples)],
                 ignore_conflicts=True,
             )
-            return
-        pk, seconds, samples = row
-        estimate = learn(Estimate(seconds, samples), timing, ceiling=ceiling)
-        WorkDuration.objects.filter(pk=pk, samples=samples).update(
-            seconds=estimate.seconds, samples=estimate.samples, updated_at=timezone.now()
-        )
     except DatabaseError:
         log.warning(
             "duration estimate not kept", extra={"kind": timing.kind, "scope": timing.scope}
         )
+
+
+def _learned(sample: float, ceiling: float | None) -> Any:
+    """``waits.learn(Estimate(seconds, samples), ...)``'s seconds over the row's own columns, in
+    the same order of operations: the sample clamped to [seconds / OUTLIER_FACTOR, seconds *
+    OUTLIER_FACTOR] when the estimate is above 0, weighted by max(ALPHA, 1 / (samples + 1)),
+    capped by ``ceiling``, never below 0."""
+    current = F("seconds")
+    clamped = Case(
+        When(
+            seconds__gt=0.0,
+            then=Least(
+                Greatest(Value(sample), current / Value(OUTLIER_FACTOR)),
+                current * Value(OUTLIER_FACTOR),
+            ),
+        ),
+        default=Value(sample),
+        output_field=FloatField(),
+    )
+    weight = Greatest(
+        Value(ALPHA), Value(1.0) / Cast(F("samples") + 1, FloatField()), output_field=FloatField()
+    )
+    seconds: Any = ExpressionWrapper(current + weight * (clamped - current), FloatField())
+    if ceiling is not None:
+        seconds = Least(seconds, Value(float(ceiling)), output_field=FloatField())
+    return Greatest(seconds, Value(0.0), output_field=FloatField())
 
 
 def timing_of(result: StepResult) -> Timing | None:

@@ -188,6 +188,10 @@ class Held:
     seq: int
 
 
+# A key's slot rows as one read saw them: (pk, seq, holding operation or None), by key.
+Seen = dict[str, list[tuple[int, int, Any]]]
+
+
 def slots_held(*, operation: Operation) -> list[Held]:
     """Every slot ``operation`` holds now (one query): a step reads them once, takes what it
     lacks (``slots_take``) and gives back what it no longer needs (``slots_keep``) from them."""
@@ -197,42 +201,74 @@ def slots_held(*, operation: Operation) -> list[Held]:
     return [Held(*row) for row in rows]
 
 
-def _take_one(op: Operation, key: str, now: datetime) -> Held | bool:
+def slots_look(*, operation: Operation, keys: tuple[str, ...]) -> tuple[list[Held], Seen]:
+    """``slots_held`` and the rows of ``keys`` in the operation's cluster, from one query (issue
+    12: a step about to submit read its own slots, then the key's): the held slots, and the
+    key's rows for ``slots_take``'s first look at them (its look after recording a waiter
+    reads them again)."""
+    rows = TaskSlot.objects.filter(
+        Q(operation_id=operation.pk) | Q(cluster_id=operation.cluster_id, key__in=keys)
+    ).values_list("pk", "cluster_id", "key", "seq", "operation_id")
+    held: list[Held] = []
+    seen: Seen = {key: [] for key in keys}
+    for pk, cluster_id, key, seq, holder in rows:
+        if holder == operation.pk:
+            held.append(Held(pk, cluster_id, key, seq))
+        if cluster_id == operation.cluster_id and key in seen:
+            seen[key].append((pk, seq, holder))
+    return held, seen
+
+
+def _take_one(
+    op: Operation, key: str, now: datetime, seen: list[tuple[int, int, Any]] | None = None
+) -> Held | bool:
     """Take a free slot of ``key`` for ``op``: the slot taken, True when the key has no limit
-    (0), False when none is free."""
+    (0), False when none is free.
+
+    One read of the key's rows tells both which look free and whether any are missing (issue
+    12: a key with every slot taken was read twice, once for free rows and once for all)."""
     limit = _limit(key)
     if limit == 0:
         return True
     for attempt in range(2):
-        for pk, seq in _free_slots(op.cluster_id, key, limit):
+        if attempt == 0 and seen is not None:
+            rows = [row for row in seen if row[1] < limit]
+        else:
+            rows = _slot_rows(op.cluster_id, key, limit)
+        for pk, seq, holder in rows:
             # The row count decides: PostgreSQL re-checks "still free" on the row it waited
             # for, SQLite runs one writer at a time.
-            if TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
-                operation_id=op.pk, taken_at=now
+            if holder is None and (
+                TaskSlot.objects.filter(pk=pk, operation__isnull=True).update(
+                    operation_id=op.pk, taken_at=now
+                )
             ):
                 return Held(pk, op.cluster_id, key, seq)
-        if attempt == 0 and not _ensure_rows(op.cluster_id, key, limit):
+        if attempt == 0 and not _create_missing(op.cluster_id, key, limit, rows):
             return False
     return False
 
 
-def _free_slots(cluster_id: Any, key: str, limit: int) -> list[tuple[int, int]]:
-    """The key's slots (pk, seq) that looked free just now (another taker may take one
+def _slot_rows(cluster_id: Any, key: str, limit: int) -> list[tuple[int, int, Any]]:
+    """The key's slots (pk, seq, holder) as they were just now (another taker may take one
     meanwhile)."""
     return list(
-        TaskSlot.objects.filter(
-            cluster_id=cluster_id, key=key, seq__lt=limit, operation__isnull=True
-        ).values_list("pk", "seq")
+        TaskSlot.objects.filter(cluster_id=cluster_id, key=key, seq__lt=limit).values_list(
+            "pk", "seq", "operation_id"
+        )
     )
 
 
 def _ensure_rows(cluster_id: Any, key: str, limit: int) -> bool:
     """Create the key's missing slot rows; True when any were missing."""
-    have = set(
-        TaskSlot.objects.filter(cluster_id=cluster_id, key=key, seq__lt=limit).values_list(
-            "seq", flat=True
-        )
-    )
+    return _create_missing(cluster_id, key, limit, _slot_rows(cluster_id, key, limit))
+
+
+def _create_missing(
+    cluster_id: Any, key: str, limit: int, rows: list[tuple[int, int, Any]]
+) -> bool:
+    """Create the key's slot rows missing from ``rows``; True when any were missing."""
+    have = {seq for _, seq, _ in rows}
     missing = [s for s in range(limit) if s not in have]
     if missing:
         TaskSlot.objects.bulk_create(
@@ -243,11 +279,17 @@ def _ensure_rows(cluster_id: Any, key: str, limit: int) -> bool:
 
 
 def slots_take(
-    *, operation: Operation, need: Need, now: datetime, held: list[Held] | None = None
+    *,
+    operation: Operation,
+    need: Need,
+    now: datetime,
+    held: list[Held] | None = None,
+    seen: Seen | None = None,
 ) -> str | None:
     """Hold every slot ``need`` names; returns None when held, else the key it waits for.
     ``held``: the operation's slots as ``slots_held`` read them, extended with those taken here
-    (read when not given).
+    (read when not given); ``seen``: the needed keys' rows as ``slots_look`` read them with
+    ``held``, for the first look at each (read when not given).
 
     A waiting operation is recorded as a waiter in a transaction of its own before it looks one
     last time: whoever frees a slot after that look sees the waiter and hands it the slot, and
@@ -260,7 +302,7 @@ def slots_take(
         if any(h.key == key for h in held):
             continue
         with transaction.atomic():
-            taken = _take_one(operation, key, now)
+            taken = _take_one(operation, key, now, (seen or {}).get(key))
         if taken:
             if isinstance(taken, Held):
                 held.append(taken)
@@ -268,10 +310,20 @@ def slots_take(
         if need.in_flight:
             continue  # the task runs anyway: poll it, and count it once a slot frees
         waited = True
+        cluster_id: Any = operation.cluster_id  # a step with a slot key has a cluster
         with transaction.atomic():
-            SlotWaiter.objects.get_or_create(
-                operation_id=operation.pk,
-                defaults={"cluster_id": operation.cluster_id, "key": key, "since": now},
+            # The waiter row if missing (a row already there keeps its place in the queue:
+            # get_or_create's read, savepoint and insert in one statement, issue 12).
+            SlotWaiter.objects.bulk_create(
+                [
+                    SlotWaiter(
+                        operation_id=operation.pk,
+                        cluster_id=cluster_id,
+                        key=key,
+                        since=now,
+                    )
+                ],
+                ignore_conflicts=True,
             )
             SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
                 key=key, since=now

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation, OperationStep, Proxy, SlotWaiter, TaskSlot
@@ -326,7 +327,7 @@ def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
     real_take = slots._take_one
     looks: list[int] = []
 
-    def handed_over_first(op: Operation, key: str, when: Any) -> Any:
+    def handed_over_first(op: Operation, key: str, when: Any, *seen: Any) -> Any:
         looks.append(1)
         if op.pk == me.pk and len(looks) == 2:
             # Between the waiter row and the last look: one holder hands its slot to this
@@ -336,7 +337,7 @@ def test_a_slot_handed_over_during_the_last_look_is_the_only_one_it_holds(
                 TaskSlot.objects.filter(key=KEY).exclude(operation=None).exclude(operation=me.pk)
             )
             spare.filter(pk=spare.first().pk).update(operation=None, taken_at=None)
-        return real_take(op, key, when)
+        return real_take(op, key, when, *seen)
 
     monkeypatch.setattr(slots, "_take_one", handed_over_first)
     assert slots.slots_take(operation=me, need=slots.Need((KEY,)), now=now) is None
@@ -361,18 +362,18 @@ def test_a_taker_whose_view_of_free_slots_went_stale_does_not_take_one(
     for op in ops[: CAP - 1]:
         assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
     me, other = ops[CAP - 1], ops[CAP]
-    read = slots._free_slots
+    read = slots._slot_rows
     raced: list[bool] = []
     racing: list[bool] = []
 
-    def read_then_lose_the_race(*args: Any) -> list[tuple[int, int]]:
+    def read_then_lose_the_race(*args: Any) -> list[tuple[int, int, Any]]:
         free = read(*args)
         if not racing:
             racing.append(True)
             raced.append(bool(slots._take_one(other, KEY, now)))
         return free
 
-    monkeypatch.setattr(slots, "_free_slots", read_then_lose_the_race)
+    monkeypatch.setattr(slots, "_slot_rows", read_then_lose_the_race)
     assert raced == [] and slots._take_one(me, KEY, now) is False
     assert raced == [True]
     held = list(TaskSlot.objects.filter(key=KEY).exclude(operation__isnull=True))
@@ -541,3 +542,37 @@ def test_creates_arriving_one_at_a_time_spread_like_a_bulk_create(
         with placement._sources_lock:
             placement._sources.remove(health)
     assert sorted(zones) == ["pve1", "pve1", "pve1", "pve2", "pve2", "pve2"]
+
+
+# --- the wait's statements (issue 12) ----------------------------------------------------------
+
+
+def _table_statements(captured: list[dict[str, Any]]) -> list[str]:
+    skip = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
+    return [q["sql"] for q in captured if not q["sql"].strip().upper().startswith(skip)]
+
+
+def test_a_step_that_finds_every_slot_taken_waits_in_a_few_statements(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    """Most deliveries of a capped fleet's creates wait for a slot: the wait reads the key's
+    rows once per look (free rows and missing rows from one read) and records its waiter with
+    one insert-if-missing. Before: 8 (two reads per look; get_or_create read, then inserted
+    under a savepoint)."""
+    _creates(pump, sim, CAP + 1)
+    ops = _ops(CAP + 1)
+    now = db_now()
+    for op in ops[:CAP]:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    with CaptureQueriesContext(connection) as ctx:
+        assert slots.slots_take(operation=ops[CAP], need=slots.Need((KEY,)), now=now) == KEY
+    statements = _table_statements(ctx.captured_queries)
+    # The held slots, a look, the waiter's insert and its key's update, the last look.
+    assert len(statements) == 5, statements
+    waiter = SlotWaiter.objects.get(operation=ops[CAP])
+    assert (waiter.key, waiter.since) == (KEY, now)
+    # Waiting again keeps its place in the queue (its first "since").
+    with CaptureQueriesContext(connection) as ctx:
+        assert slots.slots_take(operation=ops[CAP], need=slots.Need((KEY,)), now=db_now()) == KEY
+    assert len(_table_statements(ctx.captured_queries)) == 5
+    assert SlotWaiter.objects.get(operation=ops[CAP]).since == now

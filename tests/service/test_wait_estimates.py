@@ -13,14 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from pump import Hook, HookedTransport, Pump, Sim, make_cluster
 
 from provisioning.models import Operation, Proxy, WorkDuration
 from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.budgets import Budgets
-from provisioning.proxmox.waits import BOOT
+from provisioning.proxmox.waits import BOOT, Estimate, Timing, learn
 from provisioning.services import operations
-from provisioning.services.durations import ClusterDurations
+from provisioning.services.durations import ClusterDurations, durations_learn
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
@@ -231,3 +233,38 @@ def test_the_cluster_durations_give_the_shortest_estimate_of_the_other_nodes(
     assert durations.elsewhere("resize", "pve3") == 0.4  # its own never counts as another's
     assert durations.expected("resize", "pve2") is None
     assert durations.elsewhere("qmstart", "pve2") is None  # another kind never stands in
+
+
+def test_learning_in_one_statement_moves_the_estimate_as_waits_learn_does(
+    slow_sim: Sim,
+) -> None:
+    """durations_learn writes waits.learn's arithmetic as SQL (one statement per finished wait,
+    issue 12): the same plain mean, then weighted mean, outlier clamp, ceiling and floor."""
+    seen = [
+        (0.0, 0.5),  # the first sample makes the row
+        (0.3, 0.6),
+        (0.2, 0.4),
+        (20.0, 30.0),  # an outlier, clamped to four times the estimate
+        (0.0, 0.01),  # one far below, clamped to a quarter
+        (0.7, 0.9),
+        (5.0, 6.0),  # capped by the ceiling below
+    ]
+    expected: Estimate | None = None
+    for n, (running, done) in enumerate(seen):
+        ceiling = 1.5 if n == len(seen) - 1 else None
+        timing = Timing("resize", "pve1", running, done)
+        expected = learn(expected, timing, ceiling=ceiling)
+        with CaptureQueriesContext(connection) as ctx:
+            durations_learn(cluster_id=slow_sim.cluster.pk, timing=timing, ceiling=ceiling)
+        row = WorkDuration.objects.get(cluster=slow_sim.cluster, kind="resize", scope="pve1")
+        assert (row.seconds, row.samples) == pytest.approx(
+            (expected.seconds, expected.samples), rel=1e-12
+        ), n
+        # A row already there is moved by one statement (the first sample also inserts it).
+        statements = [q for q in ctx.captured_queries if "provisioning_workduration" in q["sql"]]
+        assert len(statements) == (2 if n == 0 else 1), statements
+    zero = Timing("qmstart", "pve1", 0.0, 0.0)  # an estimate of 0 takes any sample unclamped
+    durations_learn(cluster_id=slow_sim.cluster.pk, timing=zero)
+    durations_learn(cluster_id=slow_sim.cluster.pk, timing=Timing("qmstart", "pve1", 3.0, 3.0))
+    row = WorkDuration.objects.get(cluster=slow_sim.cluster, kind="qmstart", scope="pve1")
+    assert (row.seconds, row.samples) == pytest.approx((1.5, 2))
