@@ -516,7 +516,7 @@ def _wake(operation_id: Any, now: datetime) -> None:
         # The first waiter a collecting delivery wakes is run by that delivery (driver), which
         # sends its message only if it cannot: a message sent now would only be delivered
         # after that run, to find the step taken (issue 12). Every other waiter is sent now.
-        runs_here = woken is not None and not any(not w.sent for w in woken)
+        runs_here = woken is not None and all(w.sent for w in woken)
         if not runs_here:
             dispatch.send_after_commit(str(operation_id), token, 0.0, op["trace_parent"])
         if woken is not None:
