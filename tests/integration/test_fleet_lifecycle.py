@@ -105,11 +105,20 @@ def test_a_second_reconcile_after_convergence_makes_no_mutating_call(
     assert "start 1" in _reconcile(stack)
 
     # The start operation ends when the VM runs; its address is read by later rounds, as
-    # Beat's would. Converged: every proxy Running with an address again, and a round that
-    # found nothing to do. The restarted VM's identity is read once by the first round whose
-    # listing shows its new uptime (seed 001, reconcile._started_since_identity_read); the
-    # listing's whole-second uptime decides which round that is, so it is waited out here
-    # rather than assumed done by the time the address is.
+    # Beat's would. A round re-reads a VM's identity when the listing dates its start after
+    # the last read (seed 001, reconcile._started_since_identity_read), and the listing's
+    # uptime is in whole seconds: a read within a second of the start leaves the start dated
+    # before or after it, round by round, so which later round reads it again is chance
+    # (stop 24's CI: a quiet round, then one that read it). The first round here comes two
+    # seconds after the boot, so its read is past that second and no later round repeats it.
+    def booted_two_seconds_ago() -> bool:
+        path = f"/nodes/{victim['node']}/qemu/{victim['vmid']}/status/current"
+        status = stack.sim.api("GET", path)
+        return status["status"] == "running" and int(status.get("uptime", 0)) >= 2
+
+    wait_until(booted_two_seconds_ago, timeout=60, interval=0.25, what="the restarted boot")
+
+    # Converged: every proxy Running with an address again, and a round that found nothing to do.
     def converged() -> bool:
         out = _reconcile(stack)
         rows = stack.proxies("recon-")
