@@ -311,9 +311,9 @@ def _started_since_identity_read(proxy: Proxy, entry: Mapping[str, Any], now: da
     it (the whole-second uptime adds up to 1 s more), so a VM read within that window of its
     start is read again by a later round whose listing dates the start after the read; which
     round that is depends on the listing's age, and a read made past the window is never
-    repeated. A running VM listed with no uptime yet is judged at the next round. Compared with the last observation instead (before issue 14), a
-    start within 10 s of it had to be taken for the one it saw, and a VM restored then
-    escaped until the next config read."""
+    repeated. A running VM listed with no uptime yet is judged at the next round. Compared
+    with the last observation instead (before issue 14), a start within 10 s of it had to be
+    taken for the one it saw, and a VM restored then escaped until the next config read."""
     if entry.get("status") != "running":
         return False
     uptime = entry.get("uptime")
