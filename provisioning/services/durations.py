@@ -77,7 +77,7 @@ def durations_learn(*, cluster_id: int, timing: Timing, ceiling: float | None = 
     key = {"cluster_id": cluster_id, "kind": timing.kind, "scope": timing.scope}
     try:
         moved = WorkDuration.objects.filter(**key).update(
-            seconds=_learned(timing.sample(), ceiling),
+            seconds=_learned(timing.sample(), ceiling, bound_only=timing.bound_only),
             samples=F("samples") + 1,
             updated_at=timezone.now(),
         )
@@ -93,21 +93,25 @@ def durations_learn(*, cluster_id: int, timing: Timing, ceiling: float | None = 
         )
 
 
-def _learned(sample: float, ceiling: float | None) -> Any:
+def _learned(sample: float, ceiling: float | None, *, bound_only: bool = False) -> Any:
     """``waits.learn(Estimate(seconds, samples), ...)``'s seconds over the row's own columns, in
-    the same order of operations: the sample clamped to [seconds / OUTLIER_FACTOR, seconds *
-    OUTLIER_FACTOR] when the estimate is above 0, weighted by max(ALPHA, 1 / (samples + 1)),
-    capped by ``ceiling``, never below 0."""
+    the same order of operations: the sample no more than the estimate when it is only a bound
+    (``bound_only``), clamped to [seconds / OUTLIER_FACTOR, seconds * OUTLIER_FACTOR] when the
+    estimate is above 0, weighted by max(ALPHA, 1 / (samples + 1)), capped by ``ceiling``, never
+    below 0."""
     current = F("seconds")
+    taken: Any = Value(sample)
+    if bound_only:
+        taken = Least(taken, current, output_field=FloatField())
     clamped = Case(
         When(
             seconds__gt=0.0,
             then=Least(
-                Greatest(Value(sample), current / Value(OUTLIER_FACTOR)),
+                Greatest(taken, current / Value(OUTLIER_FACTOR)),
                 current * Value(OUTLIER_FACTOR),
             ),
         ),
-        default=Value(sample),
+        default=taken,
         output_field=FloatField(),
     )
     weight = Greatest(

@@ -143,7 +143,12 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     for kind in TASKS:
         gap = gaps[kind]
         assert gap >= seconds[(kind, "pve1")], (kind, gap, seconds)
-    assert warm_polls[1] <= 2, warm_polls
+    # The cold clone's estimate is the middle of its last bracket, up to a sixth short of the
+    # 0.6 s clone (0.50 s when its looks at 0.4 s and 0.6 s straddle the end, as they mostly do
+    # on a quick machine): the warm first look at 1.05 times it may find the clone going, and
+    # the 50 ms steps after it then take two more looks. Planned from nothing, an idle
+    # machine's cold clone took six or seven.
+    assert warm_polls[1] <= 3, (warm_polls, seconds)
     # The address: the first look waits for the image's expected boot instead of reading at once,
     # so it reaches the guest agent no sooner than that estimate after the start was asked for.
     # (How many looks it takes depends on how late a loaded machine delivers them: the second
@@ -247,6 +252,7 @@ def test_learning_in_one_statement_moves_the_estimate_as_waits_learn_does(
         (20.0, 30.0),  # an outlier, clamped to four times the estimate
         (0.0, 0.01),  # one far below, clamped to a quarter
         (0.7, 0.9),
+        (0.0, 2.0),  # found over at its first look, above the estimate: a bound, no longer
         (5.0, 6.0),  # capped by the ceiling below
     ]
     expected: Estimate | None = None

@@ -120,3 +120,24 @@ def test_a_look_on_time_stands_for_its_plan_and_a_late_one_for_what_it_saw() -> 
     assert seen_at(planned=0.5, sent=0.3, landed=0.31, running=True) == 0.3
     # No plan (a record written before waits were planned): the landing.
     assert seen_at(planned=None, sent=0.2, landed=0.21, running=False) == 0.21
+
+
+def test_a_look_that_found_the_work_over_never_lengthens_an_estimate() -> None:
+    # Issue 12's makespan: the worker's queue delivered a 0.2 s clone's first look, planned at
+    # 0.21 s, at 0.57 s. Counted as 0.9 of that landing, three such looks took the estimate to
+    # about 0.45 s, and 2 % per on-time look brought it back over some forty clones: every
+    # clone between was looked at up to a quarter of a second after it ended, its node's slot
+    # idle meanwhile. A look that found the work over bounds it from above; only a look that
+    # found it still going says the estimate is too short.
+    warm = Estimate(0.2, 20)
+    late = learn(warm, Timing("qmclone", "pve1", 0.0, 0.57))
+    assert late.seconds == pytest.approx(0.2)
+    assert late.samples == 21
+    # Below the estimate, it still shrinks it (an estimate too long must come down) ...
+    assert learn(warm, Timing("qmclone", "pve1", 0.0, 0.15)).seconds < 0.2
+    # ... and a look that saw the work going still lengthens it.
+    assert learn(warm, Timing("qmclone", "pve1", 0.25, 0.57)).seconds > 0.2
+    # With nothing known yet, the bound is all there is: the first wait's estimate is made of it.
+    assert learn(None, Timing("qmclone", "pve1", 0.0, 0.57)).seconds == pytest.approx(
+        0.57 * PROBE_DOWN
+    )
