@@ -34,7 +34,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, IntegerField, Q, Value, When
 
 from provisioning.models import Operation, OperationStep, SlotWaiter, TaskSlot
 from provisioning.models.choices import ACTIVE_STATES, OperationKind, OperationState, StepState
@@ -482,8 +482,13 @@ def _release(pk: int, cluster_id: Any, key: str, seq: int, holder: Any, now: dat
 
 
 def _hand_off(pk: int, cluster_id: Any, key: str, now: datetime) -> bool:
-    """Give the free slot ``pk`` to the oldest waiter of ``key`` and send its step now."""
-    waiters = SlotWaiter.objects.filter(cluster_id=cluster_id, key=key).order_by("since", "pk")
+    """Give the free slot ``pk`` to the oldest waiter of ``key`` and send its step now; a
+    waiting seed removal only when no other step waits (``_AFTER_THE_REST``)."""
+    waiters = (
+        SlotWaiter.objects.filter(cluster_id=cluster_id, key=key)
+        .annotate(after_the_rest=_AFTER_THE_REST)
+        .order_by("after_the_rest", "since", "pk")
+    )
     for waiter_id, state in waiters.values_list("operation_id", "operation__state")[:50]:
         # Deleting the row is the waiter's claim: one releaser wins it.
         if not SlotWaiter.objects.filter(operation_id=waiter_id, key=key).delete()[0]:
@@ -496,6 +501,16 @@ def _hand_off(pk: int, cluster_id: Any, key: str, now: datetime) -> bool:
         _wake(waiter_id, now)
         return True
     return False
+
+
+# A create's seed removal runs after the proxy is Running, and nobody waits for it: it takes a
+# slot only when no other step waits for one. In issue 12's makespan the template's node spent
+# 13 % of its task time on them, ahead of clones of creates that had queued a moment later.
+_AFTER_THE_REST = Case(
+    When(operation__progress__stage="seed_release", then=Value(1)),
+    default=Value(0),
+    output_field=IntegerField(),
+)
 
 
 def _wake(operation_id: Any, now: datetime) -> None:

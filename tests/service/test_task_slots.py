@@ -453,6 +453,48 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_and_sends_its_step_at_once(
     assert pump.queue[0].token == token
 
 
+def test_a_freed_slot_goes_to_a_waiting_create_before_an_older_seed_release(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    # Issue 12's makespan: a seed's removal (after Running, off the operator's path) took a
+    # slot of the template's node ahead of creates that had waited less long, and the clones
+    # behind it waited a tenth of a second each time. Work someone waits for goes first; the
+    # removal runs when no create waits for the node.
+    _creates(pump, sim, CAP + 2)
+    pump.drop_all()
+    ops = _ops(CAP + 2)
+    now = db_now()
+    holders, release, create = ops[:CAP], ops[CAP], ops[CAP + 1]
+    for op in holders:
+        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    Operation.objects.filter(pk=release.pk).update(
+        progress=dict(release.progress, stage="seed_release")
+    )
+    release.refresh_from_db()
+    for i, op in enumerate((release, create)):
+        assert (
+            slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now + timedelta(seconds=i))
+            == KEY
+        )
+    pump.call(
+        lambda: _in_transaction(
+            lambda: slots.slots_keep(operation=holders[0], keys=(), now=db_now())
+        )
+    )
+    assert [m.operation_id for m in pump.queue] == [str(create.pk)]
+    assert TaskSlot.objects.filter(key=KEY, operation=create.pk).count() == 1
+    assert list(SlotWaiter.objects.values_list("operation_id", flat=True)) == [release.pk]
+    # With no create waiting, the next slot freed goes to the removal.
+    pump.drop_all()
+    pump.call(
+        lambda: _in_transaction(
+            lambda: slots.slots_keep(operation=holders[1], keys=(), now=db_now())
+        )
+    )
+    assert [m.operation_id for m in pump.queue] == [str(release.pk)]
+    assert not SlotWaiter.objects.exists()
+
+
 def _in_transaction(fn: Any) -> None:
     with transaction.atomic():
         fn()
