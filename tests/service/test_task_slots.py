@@ -421,9 +421,11 @@ def test_two_connections_racing_for_the_last_slot_never_both_win(sim: Sim, cappe
 # --- giving back: the oldest waiter is sent at once ------------------------------------------
 
 
-def test_a_freed_slot_goes_to_the_oldest_waiter_and_sends_its_step_at_once(
-    pump: Pump, sim: Sim, capped: None
-) -> None:
+def _full_node_and_two_waiters(
+    pump: Pump, sim: Sim, *, first_stage: str = ""
+) -> tuple[list[Operation], Operation, Operation]:
+    """CAP creates holding every slot of pve1, then two more waiting for one, the first a
+    second longer than the second (at ``first_stage`` when given); their messages dropped."""
     _creates(pump, sim, CAP + 2)
     pump.drop_all()
     ops = _ops(CAP + 2)
@@ -431,17 +433,32 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_and_sends_its_step_at_once(
     holders, first, second = ops[:CAP], ops[CAP], ops[CAP + 1]
     for op in holders:
         assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
+    if first_stage:
+        Operation.objects.filter(pk=first.pk).update(
+            progress=dict(first.progress, stage=first_stage)
+        )
+        first.refresh_from_db()
     for i, op in enumerate((first, second)):
         assert (
             slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now + timedelta(seconds=i))
             == KEY
         )
     assert SlotWaiter.objects.count() == 2
+    return holders, first, second
+
+
+def _give_back(pump: Pump, holder: Operation) -> None:
+    """``holder``'s step ends and gives its slot back, as the journal's transaction does."""
     pump.call(
-        lambda: _in_transaction(
-            lambda: slots.slots_keep(operation=holders[0], keys=(), now=db_now())
-        )
+        lambda: _in_transaction(lambda: slots.slots_keep(operation=holder, keys=(), now=db_now()))
     )
+
+
+def test_a_freed_slot_goes_to_the_oldest_waiter_and_sends_its_step_at_once(
+    pump: Pump, sim: Sim, capped: None
+) -> None:
+    holders, first, second = _full_node_and_two_waiters(pump, sim)
+    _give_back(pump, holders[0])
     # The message is in the queue, due now: no poll, no sweeper.
     assert [(m.operation_id, m.due <= time.monotonic()) for m in pump.queue] == [
         (str(first.pk), True)
@@ -460,37 +477,14 @@ def test_a_freed_slot_goes_to_a_waiting_create_before_an_older_seed_release(
     # slot of the template's node ahead of creates that had waited less long, and the clones
     # behind it waited a tenth of a second each time. Work someone waits for goes first; the
     # removal runs when no create waits for the node.
-    _creates(pump, sim, CAP + 2)
-    pump.drop_all()
-    ops = _ops(CAP + 2)
-    now = db_now()
-    holders, release, create = ops[:CAP], ops[CAP], ops[CAP + 1]
-    for op in holders:
-        assert slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now) is None
-    Operation.objects.filter(pk=release.pk).update(
-        progress=dict(release.progress, stage="seed_release")
-    )
-    release.refresh_from_db()
-    for i, op in enumerate((release, create)):
-        assert (
-            slots.slots_take(operation=op, need=slots.Need((KEY,)), now=now + timedelta(seconds=i))
-            == KEY
-        )
-    pump.call(
-        lambda: _in_transaction(
-            lambda: slots.slots_keep(operation=holders[0], keys=(), now=db_now())
-        )
-    )
+    holders, release, create = _full_node_and_two_waiters(pump, sim, first_stage="seed_release")
+    _give_back(pump, holders[0])
     assert [m.operation_id for m in pump.queue] == [str(create.pk)]
     assert TaskSlot.objects.filter(key=KEY, operation=create.pk).count() == 1
     assert list(SlotWaiter.objects.values_list("operation_id", flat=True)) == [release.pk]
     # With no create waiting, the next slot freed goes to the removal.
     pump.drop_all()
-    pump.call(
-        lambda: _in_transaction(
-            lambda: slots.slots_keep(operation=holders[1], keys=(), now=db_now())
-        )
-    )
+    _give_back(pump, holders[1])
     assert [m.operation_id for m in pump.queue] == [str(release.pk)]
     assert not SlotWaiter.objects.exists()
 
