@@ -9,7 +9,6 @@ made for, and refused once older than its max age. The page holds it, never the 
 
 from __future__ import annotations
 
-from cryptography.fernet import InvalidToken
 from django.core import signing
 
 from provisioning import sealing
@@ -52,6 +51,8 @@ def token_loads(token: str, *, purpose: str, user_id: int, max_age: int) -> byte
         raise TokenInvalid("it was changed or made for something else") from None
     if not isinstance(payload, dict) or payload.get("u") != user_id:
         raise TokenWrongUser("it was made for another user")
+    from cryptography.fernet import InvalidToken  # where it is used: see provisioning.sealing
+
     try:
         return sealing.purpose_fernet(purpose).decrypt(str(payload["d"]).encode("ascii"))
     except (InvalidToken, KeyError, ValueError):

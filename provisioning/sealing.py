@@ -14,18 +14,31 @@ production, whose settings refuse to start) the derived key seals too.
 
 Digests are HMAC-SHA256 under a key derived from the newest sealing key for that purpose alone:
 an unsalted SHA-256 would let anyone who can see it confirm a guessed cloud-init.
+
+``cryptography`` is imported where a value is sealed or opened, not when this module is: the
+models import this module, so every process would load it at start, and loading it costs about
+7 MiB of memory. A Celery worker's parent never seals or opens anything, yet what it loads each
+prefork pool process carries too (issue 12: the worker's memory). Keys are checked without it.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from cryptography.fernet import Fernet, MultiFernet
+
+# A Fernet key is 32 bytes in URL-safe base64 (the Fernet specification; cryptography's
+# ``Fernet(key)`` checks exactly this and nothing more).
+FERNET_KEY_BYTES = 32
 
 
 class SealError(Exception):
@@ -40,15 +53,21 @@ def parse_keys(value: str | Sequence[str], *, setting: str = "PROXYHUB_SEALING_K
     items = value.split(",") if isinstance(value, str) else list(value)
     keys = [item.strip() for item in items if item.strip()]
     for position, key in enumerate(keys, start=1):
-        try:
-            Fernet(key.encode())
-        except (ValueError, TypeError):
+        if not is_fernet_key(key):
             raise ImproperlyConfigured(
                 f"{setting}: key {position} is not a Fernet key (32 bytes, URL-safe base64); "
                 "generate one with python -c 'from cryptography.fernet import Fernet; "
                 "print(Fernet.generate_key().decode())'"
-            ) from None
+            )
     return keys
+
+
+def is_fernet_key(key: str) -> bool:
+    """Whether ``key`` is a Fernet key, decoded as ``Fernet(key)`` decodes it."""
+    try:
+        return len(base64.urlsafe_b64decode(key.encode())) == FERNET_KEY_BYTES
+    except (binascii.Error, ValueError):
+        return False
 
 
 def _configured() -> list[bytes]:
@@ -74,13 +93,22 @@ def _derive(key: bytes, purpose: str) -> bytes:
     return hmac.new(base64.urlsafe_b64decode(key), purpose.encode(), hashlib.sha256).digest()
 
 
+def _multi_fernet() -> MultiFernet:
+    """Every key's Fernet, the sealing one first (imported here: see the module's text)."""
+    from cryptography.fernet import Fernet, MultiFernet
+
+    return MultiFernet([Fernet(k) for k in _keys()])
+
+
 def seal(data: bytes) -> bytes:
-    return MultiFernet([Fernet(k) for k in _keys()]).encrypt(data)
+    return _multi_fernet().encrypt(data)
 
 
 def unseal(token: bytes) -> bytes:
+    from cryptography.fernet import InvalidToken
+
     try:
-        return MultiFernet([Fernet(k) for k in _keys()]).decrypt(bytes(token))
+        return _multi_fernet().decrypt(bytes(token))
     except InvalidToken as err:
         raise SealError(
             "the sealed value cannot be opened with any key of PROXYHUB_SEALING_KEYS; put the "
@@ -91,6 +119,8 @@ def unseal(token: bytes) -> bytes:
 
 def is_current(token: bytes) -> bool:
     """Whether ``token`` is sealed under the newest key (``rotate_sealing_key`` skips it)."""
+    from cryptography.fernet import Fernet, InvalidToken
+
     try:
         Fernet(_keys()[0]).decrypt(bytes(token))
     except InvalidToken:
@@ -115,4 +145,6 @@ def digests(data: bytes) -> list[str]:
 def purpose_fernet(purpose: str) -> Fernet:
     """A Fernet keyed for ``purpose`` alone (derived from the newest key): what it seals opens
     with nothing else, and nothing sealed at rest opens with it."""
+    from cryptography.fernet import Fernet
+
     return Fernet(base64.urlsafe_b64encode(_derive(_keys()[0], "proxyhub-purpose:" + purpose)))

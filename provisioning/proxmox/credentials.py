@@ -14,6 +14,10 @@ through ``ProxmoxConfig.credentials_dir``), a path is read only when it is absol
 one message before anything looks at it. Inside, only a regular file is opened (a FIFO or a
 device such as ``/dev/zero`` would block or never end), without blocking, and only up to its
 limit: ``MAX_TOKEN_FILE_BYTES`` for a token, ``MAX_CA_FILE_BYTES`` for a CA bundle.
+
+``cryptography`` parses a CA bundle where one is read, not when this module is imported: the
+process that starts a Celery worker never reads one, and whatever it loads each prefork pool
+process carries too; the library costs about 7 MiB of memory (issue 12: the worker's memory).
 """
 
 from __future__ import annotations
@@ -24,9 +28,6 @@ import re
 import stat
 from dataclasses import dataclass, field
 from urllib.parse import quote
-
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
 
 from .errors import (
     CAFileInvalid,
@@ -260,6 +261,9 @@ def load_ca(path: str, *, root: str | None = None) -> str:
     without a certificate: ``CAFileInvalid`` (all three permanent). Only certificates are kept,
     so a bundle that also carries comments or keys loads fine.
     """
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
     raw = read_confined(path, CA_FILE, root)
     try:
         certs = x509.load_pem_x509_certificates(raw)
@@ -277,6 +281,9 @@ def ca_fingerprint(pem: str) -> str:
     so an operator can compare it with the node's CA. Never the CA itself: only this is stored
     and shown.
     """
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
     certs = x509.load_pem_x509_certificates(pem.encode("ascii"))
     digest = hashlib.sha256(b"".join(c.public_bytes(Encoding.DER) for c in certs)).hexdigest()
     return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2)).upper()

@@ -23,9 +23,11 @@ from datetime import timedelta
 from pathlib import Path
 
 import environ
-from cryptography.fernet import Fernet as _Fernet
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
+
+# Checks the sealing keys without loading cryptography (see its module's text).
+from provisioning.sealing import parse_keys as _parse_sealing_keys
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -430,18 +432,8 @@ PROXYHUB_LOG_LEVEL = _log_level
 # comma-separated, newest first. The newest seals; all of them open, so a rotation puts a new
 # key in front, runs `manage.py rotate_sealing_key`, then drops the old one. Production refuses
 # to start without one; `make run` generates one into var/sealing-key on first start.
-PROXYHUB_SEALING_KEYS = env.list("PROXYHUB_SEALING_KEYS", default=[])
-for _position, _key in enumerate(PROXYHUB_SEALING_KEYS, start=1):
-    try:
-        _Fernet(_key.strip().encode())
-    except (ValueError, TypeError):
-        # The value itself is never echoed: it is a secret.
-        raise ImproperlyConfigured(
-            f"PROXYHUB_SEALING_KEYS: key {_position} is not a Fernet key (32 bytes, URL-safe "
-            "base64); generate one with python -c 'from cryptography.fernet import Fernet; "
-            "print(Fernet.generate_key().decode())'"
-        ) from None
-PROXYHUB_SEALING_KEYS = [k.strip() for k in PROXYHUB_SEALING_KEYS if k.strip()]
+# Each key is checked here, so a bad one stops every process at start; its value is never echoed.
+PROXYHUB_SEALING_KEYS = _parse_sealing_keys(env.list("PROXYHUB_SEALING_KEYS", default=[]))
 
 # Before PROXYHUB_SEALING_KEYS, cloud-init was sealed with a key derived from this (or, unset,
 # from DJANGO_SECRET_KEY). That derived key still opens, last, so an upgraded install reads its

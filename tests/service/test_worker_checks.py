@@ -1,5 +1,6 @@
 """A worker at start: the checks it runs (all but the console's and manage.py's, which would
-import them) and the console it does not load."""
+import them) and the console it does not load, nor cryptography (loaded where a value is sealed,
+opened or a CA file read: a worker's parent does none of it, issue 12)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ console = [
     "proxyhub.urls", "proxyhub.twofactor.views", "qrcode", "pycdlib",
     "provisioning.admin", "healthchecks.admin", "proxyhub.twofactor.admin", "django_otp.admin",
     "django.core.management.commands.makemigrations",
+    "cryptography.fernet", "cryptography.x509", "cryptography.hazmat.bindings._rust",
 ]
 print("LOADED " + json.dumps([m for m in console if m in sys.modules]))
 """
