@@ -2,7 +2,7 @@
 
 The bulk-create preview hands the cloud-init to its confirm POST. The at-rest seal must not do
 that job: a copy of it would open with the database's key, for anyone, for ever. A token here
-is the content encrypted with a key derived for its purpose alone (``sealing.purpose_fernet``),
+is the content encrypted with a key derived for its purpose alone (``sealing.purpose_seal``),
 wrapped in a ``django.core.signing`` signature salted with the purpose, naming the user it was
 made for, and refused once older than its max age. The page holds it, never the content.
 """
@@ -36,7 +36,7 @@ def _salt(purpose: str) -> str:
 
 def token_dumps(data: bytes, *, purpose: str, user_id: int) -> str:
     """``data`` sealed for ``purpose`` and for ``user_id``, as URL-safe text."""
-    sealed = sealing.purpose_fernet(purpose).encrypt(data).decode("ascii")
+    sealed = sealing.purpose_seal(purpose, data).decode("ascii")
     return signing.dumps({"u": user_id, "d": sealed}, salt=_salt(purpose), compress=False)
 
 
@@ -51,10 +51,8 @@ def token_loads(token: str, *, purpose: str, user_id: int, max_age: int) -> byte
         raise TokenInvalid("it was changed or made for something else") from None
     if not isinstance(payload, dict) or payload.get("u") != user_id:
         raise TokenWrongUser("it was made for another user")
-    from cryptography.fernet import InvalidToken  # where it is used: see provisioning.sealing
-
     try:
-        return sealing.purpose_fernet(purpose).decrypt(str(payload["d"]).encode("ascii"))
-    except (InvalidToken, KeyError, ValueError):
+        return sealing.purpose_open(purpose, str(payload["d"]).encode("ascii"))
+    except (sealing.SealError, KeyError, ValueError):
         # The signature held but the content does not open: the sealing key changed since.
         raise TokenInvalid("it was sealed under a key this server no longer has") from None

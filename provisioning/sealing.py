@@ -34,7 +34,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 if TYPE_CHECKING:
-    from cryptography.fernet import Fernet, MultiFernet
+    from cryptography.fernet import MultiFernet
 
 # A Fernet key is 32 bytes in URL-safe base64 (the Fernet specification; cryptography's
 # ``Fernet(key)`` checks exactly this and nothing more).
@@ -93,39 +93,42 @@ def _derive(key: bytes, purpose: str) -> bytes:
     return hmac.new(base64.urlsafe_b64decode(key), purpose.encode(), hashlib.sha256).digest()
 
 
-def _multi_fernet() -> MultiFernet:
-    """Every key's Fernet, the sealing one first (imported here: see the module's text)."""
+def _fernets(keys: list[bytes]) -> MultiFernet:
+    """A Fernet of ``keys``, the first sealing; this module's one import of ``cryptography``
+    with ``_opened`` (see the module's text)."""
     from cryptography.fernet import Fernet, MultiFernet
 
-    return MultiFernet([Fernet(k) for k in _keys()])
+    return MultiFernet([Fernet(k) for k in keys])
 
 
-def seal(data: bytes) -> bytes:
-    return _multi_fernet().encrypt(data)
-
-
-def unseal(token: bytes) -> bytes:
+def _opened(fernet: MultiFernet, token: bytes) -> bytes | None:
+    """``token`` opened with ``fernet``, or None when none of its keys opens it."""
     from cryptography.fernet import InvalidToken
 
     try:
-        return _multi_fernet().decrypt(bytes(token))
-    except InvalidToken as err:
+        return fernet.decrypt(bytes(token))
+    except InvalidToken:
+        return None
+
+
+def seal(data: bytes) -> bytes:
+    return _fernets(_keys()).encrypt(data)
+
+
+def unseal(token: bytes) -> bytes:
+    opened = _opened(_fernets(_keys()), token)
+    if opened is None:
         raise SealError(
             "the sealed value cannot be opened with any key of PROXYHUB_SEALING_KEYS; put the "
             "key it was sealed with back into PROXYHUB_SEALING_KEYS (behind the newest), or "
             "enter the value again"
-        ) from err
+        )
+    return opened
 
 
 def is_current(token: bytes) -> bool:
     """Whether ``token`` is sealed under the newest key (``rotate_sealing_key`` skips it)."""
-    from cryptography.fernet import Fernet, InvalidToken
-
-    try:
-        Fernet(_keys()[0]).decrypt(bytes(token))
-    except InvalidToken:
-        return False
-    return True
+    return _opened(_fernets(_keys()[:1]), token) is not None
 
 
 def digest(data: bytes) -> str:
@@ -142,9 +145,21 @@ def digests(data: bytes) -> list[str]:
     ]
 
 
-def purpose_fernet(purpose: str) -> Fernet:
+def _purpose_fernet(purpose: str) -> MultiFernet:
     """A Fernet keyed for ``purpose`` alone (derived from the newest key): what it seals opens
     with nothing else, and nothing sealed at rest opens with it."""
-    from cryptography.fernet import Fernet
+    return _fernets([base64.urlsafe_b64encode(_derive(_keys()[0], "proxyhub-purpose:" + purpose))])
 
-    return Fernet(base64.urlsafe_b64encode(_derive(_keys()[0], "proxyhub-purpose:" + purpose)))
+
+def purpose_seal(purpose: str, data: bytes) -> bytes:
+    """``data`` sealed for ``purpose`` alone (``sealed_tokens``)."""
+    return _purpose_fernet(purpose).encrypt(data)
+
+
+def purpose_open(purpose: str, token: bytes) -> bytes:
+    """What ``purpose_seal`` sealed for ``purpose``; ``SealError`` when it does not open (the
+    newest key changed since, or it was sealed for another purpose)."""
+    opened = _opened(_purpose_fernet(purpose), token)
+    if opened is None:
+        raise SealError(f"the value was not sealed for {purpose} under the newest key")
+    return opened

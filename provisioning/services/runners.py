@@ -40,7 +40,7 @@ from .durations import durations_elsewhere, durations_expected
 from .installation import identity_conflict
 from .placement import assert_node_ready, choose_node
 from .providers import provider_for
-from .seeds import keep_seed_iso
+from .seeds import SEED_RELEASE_STAGE, keep_seed_iso
 
 if TYPE_CHECKING:
     from provisioning.proxmox.power_checks import Action
@@ -94,7 +94,7 @@ def _run_create(
     proxy = _proxy(op)
     if progress.get("stage") == "address":
         return _address(op, provider, progress, now)
-    if progress.get("stage") == "seed_release":
+    if progress.get("stage") == SEED_RELEASE_STAGE:
         return _release_seed(op, provider, progress)
     record = progress.get("create") or provider.new_create_progress()
     if "create" not in progress:
@@ -276,7 +276,7 @@ def _ready(
     details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
     if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
         # The boot that needed the seed is over: release it (issue 11).
-        progress.update(stage="seed_release", release=provider.new_release_progress())
+        progress.update(stage=SEED_RELEASE_STAGE, release=provider.new_release_progress())
         result = StepResult(
             "continue", progress, "address", message=f"address {ip}", details=details
         )
@@ -486,7 +486,7 @@ def _release_seed(op: Operation, provider: Provider, progress: dict[str, Any]) -
             message=f"seed ISO kept: {result.error}",
         )
     return Outcome(
-        result, progress, {}, finished=result.status == "done", phase_name="seed_release"
+        result, progress, {}, finished=result.status == "done", phase_name=SEED_RELEASE_STAGE
     )
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from django.conf import settings
 
+# The stage of a create or replace whose seed is being released: the runner writes it, and the
+# task slots read it (the removal's node; it yields a freed slot to every other waiting step).
+SEED_RELEASE_STAGE = "seed_release"
+
 
 def keep_seed_iso() -> bool:
     """``PROXYHUB_KEEP_SEED_ISO`` (default false), read on every use so a change needs no

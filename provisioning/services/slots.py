@@ -41,6 +41,7 @@ from provisioning.models.choices import ACTIVE_STATES, OperationKind, OperationS
 
 from . import dispatch
 from .claims import claim_live
+from .seeds import SEED_RELEASE_STAGE
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -106,7 +107,7 @@ def _record(op_kind: str, progress: dict[str, Any]) -> dict[str, Any] | None:
     """The step machine's record the next step runs from, or None for a stage with no task."""
     if progress.get("stage") == "address":
         return None
-    if progress.get("stage") == "seed_release":
+    if progress.get("stage") == SEED_RELEASE_STAGE:
         # The seed's removal (an imgdel task) runs on the node the create put the seed on.
         release = dict(progress.get("release") or {})
         return dict(release, node=(progress.get("create") or {}).get("node"))
@@ -481,6 +482,16 @@ def _release(pk: int, cluster_id: Any, key: str, seq: int, holder: Any, now: dat
         _hand_off(pk, cluster_id, key, now)
 
 
+# A create's seed removal runs after the proxy is Running, and nobody waits for it: it takes a
+# slot only when no other step waits for one. In issue 12's makespan the template's node spent
+# 13 % of its task time on them, ahead of clones of creates that had queued a moment later.
+_AFTER_THE_REST = Case(
+    When(operation__progress__stage=SEED_RELEASE_STAGE, then=Value(1)),
+    default=Value(0),
+    output_field=IntegerField(),
+)
+
+
 def _hand_off(pk: int, cluster_id: Any, key: str, now: datetime) -> bool:
     """Give the free slot ``pk`` to the oldest waiter of ``key`` and send its step now; a
     waiting seed removal only when no other step waits (``_AFTER_THE_REST``)."""
@@ -501,16 +512,6 @@ def _hand_off(pk: int, cluster_id: Any, key: str, now: datetime) -> bool:
         _wake(waiter_id, now)
         return True
     return False
-
-
-# A create's seed removal runs after the proxy is Running, and nobody waits for it: it takes a
-# slot only when no other step waits for one. In issue 12's makespan the template's node spent
-# 13 % of its task time on them, ahead of clones of creates that had queued a moment later.
-_AFTER_THE_REST = Case(
-    When(operation__progress__stage="seed_release", then=Value(1)),
-    default=Value(0),
-    output_field=IntegerField(),
-)
 
 
 def _wake(operation_id: Any, now: datetime) -> None:

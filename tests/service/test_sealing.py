@@ -230,3 +230,21 @@ def test_a_repeated_create_still_matches_after_a_new_key(sim: Sim, settings: Any
         operations.proxy_create(
             spec=proxy_spec(sim, "idem", cloud_init=b"#cloud-config\n"), idempotency_key="k-1"
         )
+
+
+def test_a_browser_token_sealed_before_a_new_key_is_refused_naming_why(settings: Any) -> None:
+    # sealed_tokens seals for one purpose under a key derived from the newest sealing key: a
+    # new key in front means the page's token no longer opens, and the confirm says why.
+    from provisioning import sealed_tokens
+
+    settings.PROXYHUB_SEALING_KEYS = [OLD]
+    token = sealed_tokens.token_dumps(USER_DATA, purpose="bulk", user_id=7)
+    sealed_under_old = sealing.seal(USER_DATA)
+    assert sealed_tokens.token_loads(token, purpose="bulk", user_id=7, max_age=60) == USER_DATA
+    settings.PROXYHUB_SEALING_KEYS = [NEW, OLD]
+    with pytest.raises(sealed_tokens.TokenInvalid, match="a key this server no longer has"):
+        sealed_tokens.token_loads(token, purpose="bulk", user_id=7, max_age=60)
+    # At rest, the old key still opens what it sealed; only the newest key's seals are current.
+    assert sealing.unseal(sealed_under_old) == USER_DATA
+    assert not sealing.is_current(sealed_under_old)
+    assert sealing.is_current(sealing.seal(USER_DATA))

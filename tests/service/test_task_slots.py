@@ -22,6 +22,7 @@ from provisioning.models.choices import OperationState, Phase
 from provisioning.services import claims, driver, operations, placement, slots
 from provisioning.services.clock import db_now
 from provisioning.services.placement import NodeHealthView
+from provisioning.services.seeds import SEED_RELEASE_STAGE
 from provisioning.services.sweeper import operations_sweep
 from pvesim.profiles import get_profile
 
@@ -477,7 +478,7 @@ def test_a_freed_slot_goes_to_a_waiting_create_before_an_older_seed_release(
     # slot of the template's node ahead of creates that had waited less long, and the clones
     # behind it waited a tenth of a second each time. Work someone waits for goes first; the
     # removal runs when no create waits for the node.
-    holders, release, create = _full_node_and_two_waiters(pump, sim, first_stage="seed_release")
+    holders, release, create = _full_node_and_two_waiters(pump, sim, first_stage=SEED_RELEASE_STAGE)
     _give_back(pump, holders[0])
     assert [m.operation_id for m in pump.queue] == [str(create.pk)]
     assert TaskSlot.objects.filter(key=KEY, operation=create.pk).count() == 1

@@ -22,13 +22,13 @@ from proxyhub.celery import app
 app.loader.init_worker()
 from proxyhub.worker_checks import run_worker_checks
 found = run_worker_checks()
-console = [
+not_in_a_worker = [
     "proxyhub.urls", "proxyhub.twofactor.views", "qrcode", "pycdlib",
     "provisioning.admin", "healthchecks.admin", "proxyhub.twofactor.admin", "django_otp.admin",
     "django.core.management.commands.makemigrations",
     "cryptography.fernet", "cryptography.x509", "cryptography.hazmat.bindings._rust",
 ]
-print("LOADED " + json.dumps([m for m in console if m in sys.modules]))
+print("LOADED " + json.dumps([m for m in not_in_a_worker if m in sys.modules]))
 """
 
 # A Celery process that loads the URLconf all the same: the console it serves is whole, and
