@@ -778,6 +778,8 @@ class Api:
         *,
         vmid: int | None = None,
         typefilter: str | None = None,
+        userfilter: str | None = None,
+        since: int | None = None,
         source: str = "active",
         limit: int = 50,
         deadline: Deadline | None = None,
@@ -785,13 +787,19 @@ class Api:
         """Tasks of a node, newest first; by default only the running ones.
 
         This is how a step whose reply was lost finds its receipt again: the task it submitted
-        is still listed, so the step polls it instead of submitting a second one.
+        is still listed, so the step polls it instead of submitting a second one; and how one
+        look answers for every task of ours on a node (``task_board``). ``since``: tasks that
+        started at or after this epoch second; ``userfilter``: a part of the task's user.
         """
         params = {"source": source, "limit": str(limit)}
         if vmid is not None:
             params["vmid"] = str(vmid)
         if typefilter:
             params["typefilter"] = typefilter
+        if userfilter:
+            params["userfilter"] = userfilter
+        if since is not None:
+            params["since"] = str(since)
         call = Call("node_tasks", "GET", "/nodes/{node}/tasks", {"node": node}, params)
         return list(self._data(call, deadline) or [])
 

@@ -53,6 +53,7 @@ from .release import new_progress as new_release_progress
 from .repair import RepairMachine, RepairRequest
 from .repair import new_progress as new_repair_progress
 from .steps import Progress, StepResult
+from .task_board import TaskBoard
 from .template_build import TemplateBuildMachine, TemplateBuildRequest
 from .template_build import new_progress as new_build_progress
 from .waits import Durations, NoDurations
@@ -69,20 +70,35 @@ class Provider:
         budgets: Budgets | None = None,
         clock: Callable[[], float] = time.time,
         durations: Durations | None = None,
+        board: TaskBoard | None = None,
     ) -> None:
         """``durations`` are the expected task durations every task wait is planned from
-        (``waits``); without them each wait starts short and grows."""
+        (``waits``); without them each wait starts short and grows. ``board``: where every
+        poll reads its task, so that one look answers for all of ours on a node
+        (``task_board``); without it each task is read alone."""
         self.api = api
         self.config = config
         self.budgets = budgets or Budgets()
         self.durations: Durations = durations or NoDurations()
         known = self.durations
-        self._create = CreateMachine(api, config, self.budgets, clock=clock, durations=known)
-        self._delete = DeleteMachine(api, config, self.budgets, clock=clock, durations=known)
-        self._power = PowerMachine(api, config, self.budgets, clock=clock, durations=known)
-        self._release = ReleaseMachine(api, config, self.budgets, clock=clock, durations=known)
-        self._repair = RepairMachine(api, config, self.budgets, clock=clock, durations=known)
-        self._build = TemplateBuildMachine(api, config, self.budgets, clock=clock, durations=known)
+        self._create = CreateMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
+        self._delete = DeleteMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
+        self._power = PowerMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
+        self._release = ReleaseMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
+        self._repair = RepairMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
+        self._build = TemplateBuildMachine(
+            api, config, self.budgets, clock=clock, durations=known, board=board
+        )
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------

@@ -39,7 +39,8 @@ from .errors import (
     TransientError,
     classify,
 )
-from .tasks import parse_upid, read_task
+from .task_board import Look, Seen, TaskBoard, read_seen
+from .tasks import parse_upid
 from .waits import Durations, NoDurations, Timing, next_wait, seen_at
 
 Status = Literal["continue", "wait", "done", "error"]
@@ -49,6 +50,8 @@ Req = TypeVar("Req")
 FAILURES = (ProxmoxError, Cancelled, DeadlineExceeded)
 # The key of ``StepResult.details`` that carries a finished task's ``waits.Timing`` (a dict).
 TIMING = "timing"
+# The key of ``StepResult.details`` naming the other tasks a poll's look found ended (UPIDs).
+ENDED_ELSEWHERE = "ended_elsewhere"
 
 # The record's key for its ticket, and the key a stage reads to know the record is warm.
 TICKET = "ticket"
@@ -146,8 +149,13 @@ def poll_task(
     clock: Callable[[], float] = time.time,
     deadline: Deadline | None = None,
     on_failure: Callable[[TaskFailed], StepResult] | None = None,
+    board: TaskBoard | None = None,
 ) -> StepResult:
     """Read the recorded task once: still running means wait; ended means move on.
+
+    With a ``board`` the read is the board's (``task_board``): one look at the node's task list
+    when other tasks of ours run there, or what an earlier such look saw; the other tasks it
+    found ended are named in the result's details (``ENDED_ELSEWHERE``) for the caller to wake.
 
     The wait's start is kept in the record (``since``, wall clock, so it survives a move to
     another worker), and so is how long after it the task was last seen running
@@ -156,15 +164,45 @@ def poll_task(
     running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
     """
     upid = progress["upid"]
-    sent = clock()
-    outcome = read_task(api, upid, deadline=deadline)
-    now = clock()
+    if board is None:
+        look = Look(read_seen(api, upid, clock=clock, deadline=deadline))
+    else:
+        look = board.look(api, upid, clock=clock, deadline=deadline)
+    result = _polled(
+        look.seen,
+        progress,
+        step=step,
+        op=op,
+        budget=budget,
+        poll_interval=poll_interval,
+        next_stage=next_stage,
+        on_failure=on_failure,
+    )
+    if look.ended:
+        result.details[ENDED_ELSEWHERE] = list(look.ended)
+    return result
+
+
+def _polled(
+    seen: Seen,
+    progress: Progress,
+    *,
+    step: str,
+    op: str,
+    budget: float,
+    poll_interval: float,
+    next_stage: str,
+    on_failure: Callable[[TaskFailed], StepResult] | None,
+) -> StepResult:
+    """What the poll of ``progress``'s task makes of ``seen``."""
+    upid = progress["upid"]
+    outcome, sent, now = seen.outcome, seen.sent, seen.landed
     if outcome.state == "running":
         since = progress.get("since") or sent
-        seen = seen_at(
+        still = seen_at(
             planned=progress.get("look_at"), sent=sent - since, landed=now - since, running=True
         )
-        waiting = dict(progress, since=since, seen_running=seen)
+        waiting = dict(progress, since=since, seen_running=still)
         if now - since > budget:
             return StepResult(
                 "error",
@@ -387,13 +425,16 @@ class StepMachine(Generic[Req]):
         *,
         clock: Callable[[], float] = time.time,
         durations: Durations | None = None,
+        board: TaskBoard | None = None,
     ) -> None:
+        """``board``: where polls read their tasks (``task_board``); None reads each alone."""
         self.api = api
         self.config = config
         self.budgets = budgets
         self.clock = clock
         self.tickets = Tickets()
         self.durations: Durations = durations or NoDurations()
+        self.board = board
 
     def step(self, req: Req, progress: Progress, *, deadline: Deadline | None = None) -> StepResult:
         """Run the record's stage once. The record the result carries is warm for this machine's
@@ -469,6 +510,7 @@ class StepMachine(Generic[Req]):
             clock=self.clock,
             deadline=deadline,
             on_failure=on_failure,
+            board=self.board,
         )
 
     def submit_task(

@@ -106,6 +106,16 @@ def outcome_of(upid: str, status: dict[str, object]) -> TaskOutcome:
     return TaskOutcome("failed", exitstatus, upid)
 
 
+def listed_outcome(upid: str, entry: dict[str, object]) -> TaskOutcome:
+    """The outcome an entry of a node's task list describes (pve-reference §4.4): a running
+    task is listed with ``status: RUNNING`` and no ``endtime``; an ended one with its exit
+    status as ``status``. Anything short of an end time with a status is still running."""
+    status = str(entry.get("status") or "")
+    if "endtime" not in entry or not status or status.upper() == "RUNNING":
+        return TaskOutcome("running", "", upid)
+    return outcome_of(upid, {"status": "stopped", "exitstatus": status})
+
+
 def read_task(api: Api, upid: str, *, deadline: Deadline | None = None) -> TaskOutcome:
     """Read a task's status once, from the node named in its UPID (pve-reference §4.2).
 
@@ -114,16 +124,20 @@ def read_task(api: Api, upid: str, *, deadline: Deadline | None = None) -> TaskO
     ``ValueError`` for a malformed UPID and the seam's errors for the request itself.
     """
     parsed = parse_upid(upid)
-    outcome = outcome_of(upid, api.task_status(parsed.node, upid, deadline=deadline))
-    if outcome.state == "warnings":
+    return logged(outcome_of(upid, api.task_status(parsed.node, upid, deadline=deadline)))
+
+
+def logged(outcome: TaskOutcome) -> TaskOutcome:
+    """``outcome``, logged at INFO when its task ended with warnings or failed."""
+    if outcome.state in ("warnings", "failed"):
+        text = "finished with warnings" if outcome.state == "warnings" else "failed"
         log.info(
-            "proxmox task finished with warnings",
-            extra={"upid": upid, "node": parsed.node, "exitstatus": outcome.exitstatus},
-        )
-    elif outcome.state == "failed":
-        log.info(
-            "proxmox task failed",
-            extra={"upid": upid, "node": parsed.node, "exitstatus": outcome.exitstatus},
+            f"proxmox task {text}",
+            extra={
+                "upid": outcome.upid,
+                "node": parse_upid(outcome.upid).node,
+                "exitstatus": outcome.exitstatus,
+            },
         )
     return outcome
 

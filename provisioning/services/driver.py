@@ -52,7 +52,7 @@ from provisioning.models.choices import (
 )
 from provisioning.proxmox.errors import ClassifiedError, PermanentError, TransientError, classify
 from provisioning.proxmox.identity import IdentityMismatch
-from provisioning.proxmox.steps import StepResult
+from provisioning.proxmox.steps import ENDED_ELSEWHERE, StepResult
 from provisioning.proxmox.waits import BOOT
 
 from . import (
@@ -64,6 +64,7 @@ from . import (
     maintenance,
     policy,
     slots,
+    task_wakes,
     template_builds,
     tracing,
 )
@@ -213,6 +214,7 @@ def _run_one(
         return None
     need = slots.need_of(op)
     held: list[slots.Held] | None = None
+    seen: slots.Seen = {}
     if need.keys:
         # A step about to submit a task first takes a slot of its node (services.slots).
         held, seen = slots.slots_look(operation=op, keys=need.keys)
@@ -224,6 +226,7 @@ def _run_one(
     with (
         claims.claim_renewed(operation_id=str(op.pk), claim=claim),
         tracing.step_span(op, trace_parent) as span,
+        task_wakes.slot_holders_known(op.pk, seen),
     ):
         outcome = _attempt(op)
         span.ended(outcome)
@@ -234,6 +237,12 @@ def _run_one(
         unsent.append(chained)
     _record_reachability(op, outcome, breaker, seconds, ended)
     _learn_duration(op, outcome)
+    if _wake_ended_elsewhere(op, outcome, ended) and chained is not None and unsent is not None:
+        # The woken steps are due now, as the chained one is: it takes its turn behind them
+        # through the broker instead of running ahead of them here (as ``_others_due`` does).
+        dispatch.send_after_commit(str(op.pk), chained, 0.0, op.trace_parent)
+        unsent.remove(chained)
+        return None
     return chained
 
 
@@ -407,6 +416,15 @@ def _learn_duration(op: Operation, outcome: Outcome) -> None:
     else:
         ceiling = provider_for(op.cluster).budgets.for_task(timing.kind)
     durations.durations_learn(cluster_id=op.cluster.pk, timing=timing, ceiling=ceiling)
+
+
+def _wake_ended_elsewhere(op: Operation, outcome: Outcome, now: datetime) -> int:
+    """Wake the operations whose tasks this step's look saw end (``services.task_wakes``),
+    after the step's commit (never under its proxy's lock); how many were woken."""
+    ended = outcome.result.details.get(ENDED_ELSEWHERE)
+    if not ended or op.cluster_id is None:
+        return 0
+    return task_wakes.tasks_ended_wake(cluster_id=op.cluster_id, upids=ended, now=now)
 
 
 # --- the journal -------------------------------------------------------------------------

@@ -23,9 +23,11 @@ from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.http import HttpTransport
 from provisioning.proxmox.provider import Provider
+from provisioning.proxmox.task_board import TaskBoard
 
 from .durations import ClusterDurations
 from .installation import installation_id
+from .task_wakes import ClusterTasksInFlight
 
 TransportFactory = Callable[[ProxmoxConfig], Transport]
 
@@ -81,6 +83,7 @@ def provider_for(cluster: Cluster) -> Provider:
         config,
         budgets=_budgets or _default_budgets(),
         durations=ClusterDurations(cluster.pk),
+        board=TaskBoard(ClusterTasksInFlight(cluster.pk)),
     )
     with _lock:
         for stale in [k for k in _cache if k[0] == cluster.pk and k != key]:

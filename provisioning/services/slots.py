@@ -149,7 +149,7 @@ def slot_need(
     node = record.get("template_node") if base == "clone" else record.get("node")
     if not node:
         return NONE
-    keys = [f"node:{node}"]
+    keys = [node_key(str(node))]
     if storage_limit():
         written = {"clone": storage, "resize": storage, "upload": iso_storage}.get(base, "")
         if written:
@@ -170,6 +170,11 @@ def need_of(op: Operation, progress: dict[str, Any] | None = None) -> Need:
         storage=cluster.storage,
         iso_storage=cluster.iso_storage,
     )
+
+
+def node_key(node: str) -> str:
+    """The slot key of a node's tasks."""
+    return f"node:{node}"
 
 
 def _limit(key: str) -> int:
