@@ -226,7 +226,7 @@ def _run_one(
     with (
         claims.claim_renewed(operation_id=str(op.pk), claim=claim),
         tracing.step_span(op, trace_parent) as span,
-        task_wakes.slot_holders_known(op.pk, seen),
+        task_wakes.slot_holders_known(op.pk, seen) as view,
     ):
         outcome = _attempt(op)
         span.ended(outcome)
@@ -237,7 +237,8 @@ def _run_one(
         unsent.append(chained)
     _record_reachability(op, outcome, breaker, seconds, ended)
     _learn_duration(op, outcome)
-    if _wake_ended_elsewhere(op, outcome, ended) and chained is not None and unsent is not None:
+    woken = _wake_ended_elsewhere(op, outcome, ended, view.wakeable)
+    if woken and chained is not None and unsent is not None:
         # The woken steps are due now, as the chained one is: it takes its turn behind them
         # through the broker instead of running ahead of them here (as ``_others_due`` does).
         dispatch.send_after_commit(str(op.pk), chained, 0.0, op.trace_parent)
@@ -418,10 +419,13 @@ def _learn_duration(op: Operation, outcome: Outcome) -> None:
     durations.durations_learn(cluster_id=op.cluster.pk, timing=timing, ceiling=ceiling)
 
 
-def _wake_ended_elsewhere(op: Operation, outcome: Outcome, now: datetime) -> int:
+def _wake_ended_elsewhere(
+    op: Operation, outcome: Outcome, now: datetime, wakeable: set[str]
+) -> int:
     """Wake the operations whose tasks this step's look saw end (``services.task_wakes``),
-    after the step's commit (never under its proxy's lock); how many were woken."""
-    ended = outcome.result.details.get(ENDED_ELSEWHERE)
+    after the step's commit (never under its proxy's lock); how many were woken. Only tasks
+    whose own look was well away when the board asked (``wakeable``) are looked for."""
+    ended = [upid for upid in outcome.result.details.get(ENDED_ELSEWHERE, ()) if upid in wakeable]
     if not ended or op.cluster_id is None:
         return 0
     return task_wakes.tasks_ended_wake(cluster_id=op.cluster_id, upids=ended, now=now)

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +36,7 @@ from provisioning.models import Operation, OperationStep, TaskSlot
 from provisioning.models.choices import OperationState, StepState
 
 from . import dispatch, slots
+from .clock import db_now
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -47,22 +49,33 @@ WAKE_AHEAD = 0.25
 IN_FLIGHT_LIMIT = 64
 
 
-# The slot rows the running step's driver read before it ran (``slots.slots_look``): who holds
-# each key's slots, and which operation is the step's own. With them, a poll on a node where no
-# other operation holds a slot skips the query for tasks in flight (issue 12: a lone create's
-# poll stays at its statement budget).
-_holders: ContextVar[tuple[Any, slots.Seen] | None] = ContextVar("slot_holders", default=None)
+@dataclass
+class StepView:
+    """What the running step's driver knows for the board: the slot rows it read before the
+    step ran (``slots.slots_look``), for the operation ``operation_id``; and, filled by the
+    board's question, the tasks in flight whose own look was then more than ``WAKE_AHEAD``
+    away (only those are worth a wake, so a look that saw only the others cannot skip its
+    wake's query: issue 12, a poll stays within its statement budget)."""
+
+    operation_id: Any
+    seen: slots.Seen
+    wakeable: set[str] = field(default_factory=set)
+
+
+_view: ContextVar[StepView | None] = ContextVar("task_wakes_view", default=None)
 
 
 @contextmanager
-def slot_holders_known(operation_id: Any, seen: slots.Seen) -> Iterator[None]:
+def slot_holders_known(operation_id: Any, seen: slots.Seen) -> Iterator[StepView]:
     """Within the block, ``ClusterTasksInFlight`` knows the slot holders ``seen`` (for the
-    operation ``operation_id``'s step)."""
-    reset = _holders.set((operation_id, seen))
+    step of ``operation_id``): on a node where no other operation holds a slot it asks the
+    database nothing."""
+    view = StepView(operation_id, seen)
+    reset = _view.set(view)
     try:
-        yield
+        yield view
     finally:
-        _holders.reset(reset)
+        _view.reset(reset)
 
 
 class ClusterTasksInFlight:
@@ -72,19 +85,20 @@ class ClusterTasksInFlight:
         self.cluster_id = cluster_id
 
     def __call__(self, node: str, upid: str) -> list[str]:
-        known = _holders.get()
+        view = _view.get()
         key = slots.node_key(node)
-        if known is not None and key in known[1]:
-            own, seen = known
-            if not any(holder not in (None, own) for _, _, holder in seen[key]):
-                return []
-        rows = (
+        if view is not None and key in view.seen and not _others_hold(view, key):
+            return []
+        rows = list(
             _waiting_steps(self.cluster_id)
             .filter(upid__startswith=f"UPID:{node}:")
             .exclude(upid=upid)
-            .values_list("upid", flat=True)
+            .values_list("upid", "operation__next_step_at")[:IN_FLIGHT_LIMIT]
         )
-        return list(rows[:IN_FLIGHT_LIMIT])
+        if view is not None:
+            far = db_now() + timedelta(seconds=WAKE_AHEAD)
+            view.wakeable.update(u for u, due in rows if due is not None and due > far)
+        return [u for u, _ in rows]
 
 
 def tasks_ended_wake(*, cluster_id: int, upids: Collection[str], now: datetime) -> int:
@@ -123,6 +137,11 @@ def tasks_ended_wake(*, cluster_id: int, upids: Collection[str], now: datetime) 
     if woken:
         log.debug("steps woken by a look at their node", extra={"woken": woken})
     return woken
+
+
+def _others_hold(view: StepView, key: str) -> bool:
+    """Whether an operation other than the step's own holds a slot of ``key``."""
+    return any(holder not in (None, view.operation_id) for _, _, holder in view.seen[key])
 
 
 def _waiting_steps(cluster_id: int) -> QuerySet[OperationStep, Any]:
