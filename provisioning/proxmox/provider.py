@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .api import Api
 from .boot import observe_boot
@@ -52,11 +52,14 @@ from .release import ReleaseMachine, ReleaseRequest
 from .release import new_progress as new_release_progress
 from .repair import RepairMachine, RepairRequest
 from .repair import new_progress as new_repair_progress
-from .steps import Progress, StepResult
+from .steps import Progress, StepMachine, StepResult
 from .task_board import TaskBoard
 from .template_build import TemplateBuildMachine, TemplateBuildRequest
 from .template_build import new_progress as new_build_progress
 from .waits import Durations, NoDurations
+
+# Any step machine: each is built the same way (``steps.StepMachine``).
+_M = TypeVar("_M", bound=StepMachine[Any])
 
 
 class Provider:
@@ -81,24 +84,16 @@ class Provider:
         self.budgets = budgets or Budgets()
         self.durations: Durations = durations or NoDurations()
         known = self.durations
-        self._create = CreateMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
-        self._delete = DeleteMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
-        self._power = PowerMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
-        self._release = ReleaseMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
-        self._repair = RepairMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
-        self._build = TemplateBuildMachine(
-            api, config, self.budgets, clock=clock, durations=known, board=board
-        )
+
+        def built(machine: type[_M]) -> _M:
+            return machine(api, config, self.budgets, clock=clock, durations=known, board=board)
+
+        self._create = built(CreateMachine)
+        self._delete = built(DeleteMachine)
+        self._power = built(PowerMachine)
+        self._release = built(ReleaseMachine)
+        self._repair = built(RepairMachine)
+        self._build = built(TemplateBuildMachine)
         self._locks = _KeyedLock()
 
     # --- create -----------------------------------------------------------------------

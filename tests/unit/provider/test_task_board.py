@@ -12,7 +12,7 @@ import pytest
 from provider_world import GOOD_TEMPLATE, World
 
 from provisioning.proxmox import task_board
-from provisioning.proxmox.steps import ENDED_ELSEWHERE, TIMING, poll_task
+from provisioning.proxmox.steps import ENDED_ELSEWHERE, TIMING, StepResult, poll_task
 from provisioning.proxmox.task_board import TaskBoard
 from provisioning.proxmox.tasks import listed_outcome, read_task
 
@@ -107,32 +107,26 @@ def test_the_poll_names_the_ended_tasks_for_the_caller_to_wake(world: World) -> 
     older, newest = _clones(world, 2)
     board = TaskBoard(lambda node, upid: [older])
     since = world.clock()
-    result = poll_task(
-        world.api,
-        {"stage": "clone_wait", "upid": newest, "since": since},
-        step="clone_wait",
-        op="create",
-        budget=600.0,
-        poll_interval=1.0,
-        next_stage="config",
-        clock=world.clock,
-        board=board,
-    )
+
+    def poll() -> StepResult:
+        return poll_task(
+            world.api,
+            {"stage": "clone_wait", "upid": newest, "since": since},
+            step="clone_wait",
+            op="create",
+            budget=600.0,
+            poll_interval=1.0,
+            next_stage="config",
+            clock=world.clock,
+            board=board,
+        )
+
+    result = poll()
     assert result.status == "wait"
     assert result.details[ENDED_ELSEWHERE] == [older]
     # Its own end, seen in the same way, teaches its wait as a status read would.
     world.engine.control.advance(30.0)
-    ended = poll_task(
-        world.api,
-        {"stage": "clone_wait", "upid": newest, "since": since},
-        step="clone_wait",
-        op="create",
-        budget=600.0,
-        poll_interval=1.0,
-        next_stage="config",
-        clock=world.clock,
-        board=board,
-    )
+    ended = poll()
     assert ended.status == "continue"
     assert ended.details[TIMING]["seen_done"] == pytest.approx(30.0)
 
