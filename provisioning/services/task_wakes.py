@@ -54,8 +54,8 @@ class StepView:
     """What the running step's driver knows for the board: the slot rows it read before the
     step ran (``slots.slots_look``), for the operation ``operation_id``; and, filled by the
     board's question, the tasks in flight whose own look was then more than ``WAKE_AHEAD``
-    away (only those are worth a wake, so a look that saw only the others cannot skip its
-    wake's query: issue 12, a poll stays within its statement budget)."""
+    away: only those are worth a wake, so a look that saw only near-due tasks end sends no
+    wake query at all."""
 
     operation_id: Any
     seen: slots.Seen
