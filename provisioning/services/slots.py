@@ -80,6 +80,12 @@ _POLL = {
     "remove_wait",
     "reboot_wait",
 }
+# Stages that submit no task but sit between two tasks of the same node: a create's configure
+# (a synchronous config write between its upload and its resize or start). The slot is kept
+# through them, as through a poll; giving it back sent the create to the back of the node's
+# queue for its next task, a second wait and a delivery that found no slot per create (issue
+# 12's makespan). A record cold at such a stage takes a slot before it writes, as a submission.
+_BETWEEN = {"configure"}
 _POWER_KINDS = (OperationKind.START, OperationKind.SHUTDOWN, OperationKind.REBOOT)
 
 
@@ -142,7 +148,12 @@ def slot_need(
         return NONE
     stage = str(record.get("stage") or "")
     base = stage.removesuffix("_wait")
-    if stage not in _SUBMIT and stage not in _POLL and not (stage == "wait" and "upid" in record):
+    if (
+        stage not in _SUBMIT
+        and stage not in _POLL
+        and stage not in _BETWEEN
+        and not (stage == "wait" and "upid" in record)
+    ):
         return NONE
     if stage == "wait":
         base = "submit"
