@@ -670,13 +670,10 @@ class CreateMachine(StepMachine[CreateRequest]):
         status = self.api.vm_status(node, vmid, deadline=deadline)
         if status.get("status") == "running" and status.get("qmpstatus") == "running":
             upid = progress.get("upid")
-            result = StepResult(
-                "continue",
-                advance(progress, "running", seen_running=True),
-                "start_wait",
-                upid=upid,
-                message=f"VM {vmid} runs",
-            )
+            # Step 9 is met by this read, so the create ends here: a step of its own for
+            # "running" read nothing and cost a delivery per create (issue 12's makespan).
+            result = self._runs(req, progress, vmid, node)
+            result.met = "running"
             # The VM running is what the start's work was (QEMU launched), so this look times
             # the start as a task poll would: without it the start was never learned, every
             # first look came 50 ms after the submission, and one that found the VM not yet
@@ -717,14 +714,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         progress = dict(progress, seen_running=None)
         status = {} if seen else self.api.vm_status(node, vmid, deadline=deadline)
         if seen or (status.get("status") == "running" and status.get("qmpstatus") == "running"):
-            return StepResult(
-                "done",
-                advance(progress, "done"),
-                "running",
-                provider_id=format_provider_id(vmid, req.vm_name),
-                message=f"VM {vmid} is running on {node}",
-                details=_identity_details(progress),
-            )
+            return self._runs(req, progress, vmid, node)
         if status.get("status") != "running":
             # Stopped after its start ended (a stop queued on the node before it ran, say):
             # the record goes back to the start, so the next attempt starts it again, as the
@@ -748,6 +738,17 @@ class CreateMachine(StepMachine[CreateRequest]):
             )
         return StepResult(
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
+        )
+
+    def _runs(self, req: CreateRequest, progress: Progress, vmid: int, node: str) -> StepResult:
+        """The create's end: its VM runs (entry 10 step 9), as a read just saw."""
+        return StepResult(
+            "done",
+            advance(progress, "done"),
+            "running",
+            provider_id=format_provider_id(vmid, req.vm_name),
+            message=f"VM {vmid} is running on {node}",
+            details=_identity_details(progress),
         )
 
 

@@ -112,7 +112,9 @@ class StepResult:
       error is retried from it, a permanent one waits for an operator).
 
     ``step`` names the step that ran (for the journal), ``upid`` the task it submitted or
-    polled, ``submitted`` whether it sent a mutation to Proxmox.
+    polled, ``submitted`` whether it sent a mutation to Proxmox. ``met``: a later stage whose
+    check this step's read met as well (a start's wait that saw the VM run is the running
+    check too): the step is journalled as that stage, and no step of its own runs for it.
     """
 
     status: Status
@@ -125,6 +127,7 @@ class StepResult:
     provider_id: str | None = None
     error: ClassifiedError | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    met: str = ""
 
 
 def advance(progress: Progress, stage: str, **changes: Any) -> Progress:
@@ -459,7 +462,9 @@ class StepMachine(Generic[Req]):
             )
         try:
             result: StepResult = handler(req, progress, deadline)
-            result.step = stage  # the journal names the stage that ran, whoever built the result
+            # The journal names the stage that ran, whoever built the result (or the later
+            # stage it met as well).
+            result.step = result.met or stage
             if result.status == "wait" and result.upid:
                 # Every task wait, whichever stage built it, is planned from the task's
                 # expected duration (module docstring).

@@ -153,13 +153,15 @@ def _run_create(
         # Seed 003's readiness: whether this VM counts as Running only once cloud-init is done,
         # as the catalogue said when it was created (a later edit affects later VMs only).
         progress["cloud_init"] = _waits_for_cloud_init(provider, proxy.image)
-        # Not finished: the address stage follows, so "done" becomes "continue" here.
+        # Not finished: the address stage follows, so "done" becomes "continue" here. The
+        # details go along: the start's wait that ended the create timed the start (TIMING).
         result = StepResult(
             "continue",
             result.progress,
             result.step,
             message=result.message,
             provider_id=result.provider_id,
+            details=result.details,
         )
     return Outcome(result, progress, observed)
 

@@ -21,7 +21,7 @@ from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.seed import build_seed_iso, uid_tag
-from provisioning.proxmox.steps import StepResult
+from provisioning.proxmox.steps import StepResult, advance
 from tests.support.simtransport import sim_api
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
@@ -43,6 +43,19 @@ def test_create_returns_only_when_running(world: World) -> None:
     # Every step before the last left the VM not yet reported: no "done" came early.
     assert [r.status for r in world.results].count("done") == 1
     assert world.results[-1].step == "running"
+
+
+def test_the_start_wait_that_sees_the_vm_run_ends_the_create(world: World) -> None:
+    """Step 9 (the VM runs) is what the start's wait reads: the look that sees it ends the
+    create there, journalled as the running check, instead of handing over to a running step
+    that reads nothing (issue 12: a delivery per create)."""
+    req = world.request("ends")
+    result = world.create(req)
+    assert result.status == "done"
+    steps = [(r.step, r.status) for r in world.results]
+    assert steps[-1] == ("running", "done")
+    assert steps[-2][0] == "start_wait" and steps[-2][1] == "wait", steps
+    assert ("start_wait", "continue") not in steps
 
 
 def test_create_repeat_returns_same_id_and_creates_nothing(world: World) -> None:
@@ -475,10 +488,13 @@ def test_a_vm_stopped_after_its_start_is_started_again(world: World) -> None:
     for _ in range(200):
         result = world.step(lambda pr: provider.create_step(req, pr), progress)
         progress = result.progress
-        if progress.get("stage") == "running":
+        if progress.get("stage") == "start_wait":
             break
-    assert progress.get("stage") == "running", progress
-    progress = dict(progress, ticket=None)  # a cold record: the stage reads the status
+    assert progress.get("stage") == "start_wait", progress
+    world.engine.control.advance(5.0)  # the start ends
+    # A cold record at the running check (a start's wait that saw its task end, or that found
+    # the task failed while the VM ran, leaves one): the stage reads the status.
+    progress = dict(advance(progress, "running"), ticket=None)
     vmid, node = int(progress["vmid"]), str(progress["node"])
     world.api.stop(node, vmid)
     world.engine.control.advance(5.0)
