@@ -20,27 +20,20 @@ steps_log = logging.getLogger("proxyhub.operations.steps")
 
 
 def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
-    """Record what ``outcome`` says about the stage that ran."""
+    """Record what ``outcome`` says about the stage that ran (and, before it, about a stage the
+    step ended on its way: ``Outcome.passed``)."""
     result = outcome.result
-    name = outcome.phase_name or result.step.removesuffix("_wait")
     last = op.steps.order_by("-seq").first()
-    open_row = last if last is not None and last.finished_at is None else None
-    if open_row is not None and open_row.name != name:
-        open_row.finished_at = now
-        if open_row.state in (
-            StepState.RUNNING,
-            StepState.WAITING,
-            StepState.RETRYING,
-            StepState.UNKNOWN,
-        ):
-            open_row.state = StepState.SUCCEEDED
-        open_row.save(update_fields=["finished_at", "state"])
-        _record_phase(op, open_row)
-        open_row = None
-    if open_row is None:
-        open_row = OperationStep(
-            operation=op, seq=(last.seq + 1) if last else 1, name=name, started_at=now
-        )
+    if outcome.passed is not None:
+        passed = _row_named(op, last, outcome.passed.step.removesuffix("_wait"), now)
+        if outcome.passed.message:
+            passed.message = outcome.passed.message
+        passed.state, passed.finished_at = StepState.SUCCEEDED, now
+        passed.save()
+        _record_phase(op, passed)
+        last = passed
+    name = outcome.phase_name or result.step.removesuffix("_wait")
+    open_row = _row_named(op, last, name, now)
     if result.upid:
         open_row.upid = result.upid
     if result.message:
@@ -63,6 +56,31 @@ def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
     open_row.save()
     if open_row.finished_at is not None:
         _record_phase(op, open_row)
+
+
+def _row_named(
+    op: Operation, last: OperationStep | None, name: str, now: datetime
+) -> OperationStep:
+    """The open row of stage ``name`` (unsaved when new); an open row of another stage, which
+    this step follows, is closed first (as succeeded unless it already failed)."""
+    open_row = last if last is not None and last.finished_at is None else None
+    if open_row is not None and open_row.name != name:
+        open_row.finished_at = now
+        if open_row.state in (
+            StepState.RUNNING,
+            StepState.WAITING,
+            StepState.RETRYING,
+            StepState.UNKNOWN,
+        ):
+            open_row.state = StepState.SUCCEEDED
+        open_row.save(update_fields=["finished_at", "state"])
+        _record_phase(op, open_row)
+        open_row = None
+    if open_row is None:
+        open_row = OperationStep(
+            operation=op, seq=(last.seq + 1) if last else 1, name=name, started_at=now
+        )
+    return open_row
 
 
 def journal_close(op: Operation, now: datetime, *, state: str, message: str) -> None:

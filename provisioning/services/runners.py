@@ -72,6 +72,9 @@ class Outcome:
     finished: bool = False
     delete_proxy: bool = False
     phase_name: str = ""  # the journal step name; defaults to the provider's stage
+    # A stage the step ended before the one it journals: journalled as finished in the same
+    # step (a create's running check, when the step goes on to wait for the boot).
+    passed: StepResult | None = None
     # A template build that ended: what the catalogue records (services.template_builds).
     template: dict[str, Any] | None = None
 
@@ -153,6 +156,13 @@ def _run_create(
         # Seed 003's readiness: whether this VM counts as Running only once cloud-init is done,
         # as the catalogue said when it was created (a later edit affects later VMs only).
         progress["cloud_init"] = _waits_for_cloud_init(provider, proxy.image)
+        booting = _first_address_wait(op, proxy, progress, now)
+        if booting is not None:
+            # The boot's first look is planned here, in the step that ended the create: a step
+            # of its own for that plan read nothing and cost a delivery per create (issue 12).
+            # The create's timing (the start's) goes along for the estimates.
+            booting.result.details.update(result.details)
+            return Outcome(booting.result, progress, observed, phase_name="address", passed=result)
         # Not finished: the address stage follows, so "done" becomes "continue" here. The
         # details go along: the start's wait that ended the create timed the start (TIMING).
         result = StepResult(

@@ -33,9 +33,11 @@ RELEASE = 2
 # A step whose next step is due at once looks whether another operation's step is due before it
 # runs that next step itself (driver._others_due): one query instead of a broker round trip.
 CHAIN_CHECK = 1
-# The start's wait that sees the VM run is the running check too (proxmox/create.py): it also
-# journals that check's row, and no step of its own runs for it (before: a whole step).
-MET = 1
+# The start's wait that sees the VM run is the running check too (proxmox/create.py), and it
+# plans the boot's first look when the boot is known to take a while (services/runners.py): it
+# also journals the check's row and opens the address's, and no step of its own runs for either
+# (before: two whole steps).
+MET = 2
 # Any step of a warm create after its first (the first places the proxy). Before: up to 20;
 # 13 while a submitting step read its held slots and its node's slots apart (slots.slots_look).
 STEP_BUDGET = 12

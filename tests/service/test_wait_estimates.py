@@ -21,7 +21,7 @@ from provisioning.models import Operation, Proxy, WorkDuration
 from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.waits import BOOT, Estimate, Timing, learn
-from provisioning.services import operations
+from provisioning.services import driver, operations
 from provisioning.services.durations import ClusterDurations, durations_learn
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
@@ -155,6 +155,32 @@ def test_estimates_are_learned_from_finished_waits_and_plan_the_next_create(
     # CI run under two lanes read it three times.)
     assert _first_agent_gap(sim, warm_from) >= seconds[(BOOT, "debian-13")], seconds
     assert warm_agent >= 1
+
+
+def test_the_step_that_ends_a_create_plans_the_boot_s_first_look(
+    pump: Pump, slow_sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the image's boot known, the step whose look saw the VM run plans the first look at
+    the guest agent itself: no step runs only to plan it (issue 12: a delivery per create that
+    read nothing). The journal still shows the running check, then the wait for the address."""
+    sim = slow_sim
+    _create(pump, sim, "first")
+    stages: list[str] = []
+    real = driver._run_one
+
+    def counted(**kwargs: Any) -> str | None:
+        progress = Operation.objects.get(pk=kwargs["operation_id"]).progress
+        stages.append(str(progress.get("stage")))
+        return real(**kwargs)
+
+    monkeypatch.setattr(driver, "_run_one", counted)
+    op, _, agent = _create(pump, sim, "second")
+    assert stages.count("address") == agent, (stages, agent)
+    names = list(op.steps.order_by("seq").values_list("name", flat=True))
+    start = names.index("start")
+    assert names[start + 1 : start + 3] == ["running", "address"], names
+    running = op.steps.get(name="running")
+    assert running.state == "succeeded" and running.message.startswith("VM ")
 
 
 def test_a_first_look_delivered_late_teaches_what_it_saw_not_its_plan(
