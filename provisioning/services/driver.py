@@ -176,9 +176,9 @@ def _run_one(
         return None
     if on_claimed is not None:
         on_claimed()
-    op = Operation.objects.select_related("proxy", "cluster", "cluster__circuit").get(
-        pk=operation_id
-    )
+    op = maintenance.with_switches_flag(
+        Operation.objects.select_related("proxy", "cluster", "cluster__circuit")
+    ).get(pk=operation_id)
     if op.started_at is None:
         Operation.objects.filter(pk=op.pk).update(started_at=now, state=OperationState.RUNNING)
         op.started_at = now

@@ -30,6 +30,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 
 from provisioning.models import Cluster, MaintenanceWindow, Node, Operation
 from provisioning.models.choices import ACTIVE_STATES, OperationKind, OperationState
@@ -225,9 +226,20 @@ def nodes_written(op: Operation) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(str(n) for n in nodes if n))
 
 
+def with_switches_flag(operations: QuerySet[Operation]) -> QuerySet[Operation]:
+    """``operations``, each also telling whether any switch of its cluster is on
+    (``cluster_switched``): the driver reads its operation this way, so a step on a cluster with
+    none asks nothing more (issue 12: the switches' own read was one statement per writing
+    step). A switch turned on after that read holds the next step, as one turned on right
+    after the switches' own read did."""
+    return operations.annotate(
+        cluster_switched=Exists(MaintenanceWindow.objects.filter(cluster_id=OuterRef("cluster_id")))
+    )
+
+
 def operation_blocking(op: Operation) -> Blocking | None:
     """The switch that holds the operation's next step, or None when it may run."""
-    if op.cluster_id is None:
+    if op.cluster_id is None or getattr(op, "cluster_switched", True) is False:
         return None
     nodes = nodes_written(op)
     if nodes is None:
