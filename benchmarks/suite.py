@@ -35,6 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
 from benchmarks.floor import create_floor, fleet_floor  # noqa: E402
 from benchmarks.observe import worker_log  # noqa: E402
@@ -515,8 +516,23 @@ def stack_for(
     )
 
 
+def profile_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
+    """One more makespan run with py-spy sampling the worker (``benchmarks/spy.py``): where a
+    delivery's time goes. Its wall clock is not a figure (sampling slows the worker)."""
+    worker = stack.workers[0]
+    assert worker.process is not None
+    with spy.recording(worker.process.pid, stack.logdir / "worker.spy") as summary:
+        create_fleet(stack, "spy", sizes.makespan_proxies, timeout=1800)
+    return summary
+
+
 def run_suite(
-    sizes: Sizes, only: Sequence[str], log: Callable[[str], None], *, profile: bool = False
+    sizes: Sizes,
+    only: Sequence[str],
+    log: Callable[[str], None],
+    *,
+    profile: bool = False,
+    py_spy: bool = False,
 ) -> dict[str, Any]:
     services = Services.from_env()
     why = services.unavailable()
@@ -546,6 +562,10 @@ def run_suite(
                 if "makespan" in only:
                     out["makespan"] = measure_makespan(stack, sizes)
                     log(f"makespan: ratio {out['makespan']['ratio']}")
+                    if py_spy:
+                        out.setdefault("profiles", {})
+                        out["profiles"]["makespanWorker"] = profile_makespan(stack, sizes)
+                        log("makespan: worker profiled (py-spy)")
         if "concurrency" in only:
             with stack_for(root, services, "conc") as stack:
                 stack.worker("bench", concurrency=1)
@@ -726,11 +746,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also profile one reconcile round, one GC plan and one changelist load (cProfile, "
         "in a child process) into the run's file",
     )
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="after the makespan runs, one more with py-spy sampling the worker: the share of "
+        "its busy time in each of proxyhub's functions, into the run's file (needs ptrace)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="results file (JSON)")
     parser.add_argument(
         "--no-latest", action="store_true", help="do not merge the figures into latest.json"
     )
     args = parser.parse_args(argv)
+    if args.py_spy and spy.available() is not None:
+        parser.error(str(spy.available()))
     sizes = SIZES[args.size]
     started_at, commit, load_before = now_iso(), git_commit(), load_average()
     clock = time.monotonic()
@@ -738,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(text: str) -> None:
         print(f"[{time.monotonic() - clock:7.1f} s] {text}", flush=True)
 
-    result = run_suite(sizes, args.only, log, profile=args.profile)
+    result = run_suite(sizes, args.only, log, profile=args.profile, py_spy=args.py_spy)
     machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
     details = {
         "size": args.size,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import trustme
 
-from benchmarks import faults, isolation  # noqa: F401  (importable without a stack)
+from benchmarks import faults, isolation, spy  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
 from benchmarks.floor import create_floor, fleet_floor
 from benchmarks.observe import (
@@ -379,3 +379,34 @@ def test_the_suite_writes_its_figures_as_numbers_and_keeps_the_records(tmp_path:
     assert document["suite"]["makespan_ratio"]["target"] == 1.05
     assert document["suite_smoke"]["makespan_ratio"]["value"] == 9.9
     assert document["fleet_ratio_20"]["value"] == 2.7  # older figures keep their records
+
+
+# --- benchmarks/spy.py: the worker's profile, summed by proxyhub's own functions ---------------
+
+_RAW = [
+    'process 10:"celery worker";process 11:"celery worker";main (celery/bin.py:1);'
+    "run_step (provisioning/tasks.py:58);_run_one (provisioning/services/driver.py:180);"
+    "execute (django/db/backends/utils.py:79) 6",
+    'process 10:"celery worker";process 11:"celery worker";main (celery/bin.py:1);'
+    "run_step (provisioning/tasks.py:58);_run_one (provisioning/services/driver.py:240);"
+    "_run_one (provisioning/services/driver.py:241) 3",
+    'process 10:"celery worker";process 11:"celery worker";main (celery/bin.py:1);'
+    "receive (billiard/pool.py:534) 1",
+    'process 10:"celery worker";loop (kombu/asynchronous/hub.py:373) 7',
+    "not a stack line",
+]
+
+
+def test_the_profile_counts_each_own_function_once_per_sample_in_the_pool_process() -> None:
+    samples = spy.parse(_RAW)
+    assert [(s.pid, s.count) for s in samples] == [(11, 6), (11, 3), (11, 1), (10, 7)]
+    assert spy.busiest_child(samples, parent=10) == 11
+    summary = spy.own_shares(samples, pid=11)
+    assert summary["samples"] == 10
+    # Two lines of _run_one in one stack count its samples once; Celery's and Django's frames
+    # are not proxyhub's and are not listed.
+    assert summary["shares"] == {
+        "provisioning/tasks.py:run_step": 0.9,
+        "provisioning/services/driver.py:_run_one": 0.9,
+    }
+    assert spy.own_shares(samples, pid=99) == {"samples": 0, "shares": {}}
