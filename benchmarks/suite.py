@@ -757,8 +757,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-latest", action="store_true", help="do not merge the figures into latest.json"
     )
     args = parser.parse_args(argv)
-    if args.py_spy and spy.available() is not None:
-        parser.error(str(spy.available()))
+    why = spy.available() if args.py_spy else None
+    if why is not None:
+        parser.error(why)
     sizes = SIZES[args.size]
     started_at, commit, load_before = now_iso(), git_commit(), load_average()
     clock = time.monotonic()

@@ -13,6 +13,7 @@ from datetime import datetime
 
 from provisioning.models import Operation, OperationStep
 from provisioning.models.choices import StepState
+from provisioning.proxmox.steps import StepResult
 
 from .runners import Outcome
 
@@ -21,18 +22,26 @@ steps_log = logging.getLogger("proxyhub.operations.steps")
 
 def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
     """Record what ``outcome`` says about the stage that ran (and, before it, about a stage the
-    step ended on its way: ``Outcome.passed``)."""
-    result = outcome.result
+    step ended on its way: ``Outcome.passed``, journalled the same way)."""
     last = op.steps.order_by("-seq").first()
     if outcome.passed is not None:
-        passed = _row_named(op, last, outcome.passed.step.removesuffix("_wait"), now)
-        if outcome.passed.message:
-            passed.message = outcome.passed.message
-        passed.state, passed.finished_at = StepState.SUCCEEDED, now
-        passed.save()
-        _record_phase(op, passed)
-        last = passed
-    name = outcome.phase_name or result.step.removesuffix("_wait")
+        name = outcome.passed.step.removesuffix("_wait")
+        last = _journal(op, last, name, outcome.passed, finished=True, now=now)
+    name = outcome.phase_name or outcome.result.step.removesuffix("_wait")
+    _journal(op, last, name, outcome.result, finished=outcome.finished, now=now)
+
+
+def _journal(
+    op: Operation,
+    last: OperationStep | None,
+    name: str,
+    result: StepResult,
+    *,
+    finished: bool,
+    now: datetime,
+) -> OperationStep:
+    """Write ``result`` onto stage ``name``'s row (``finished``: the operation ended with it);
+    the row, saved."""
     open_row = _row_named(op, last, name, now)
     if result.upid:
         open_row.upid = result.upid
@@ -49,13 +58,14 @@ def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
             open_row.state = StepState.RETRYING
     elif result.status == "wait":
         open_row.state = StepState.WAITING
-    elif result.status == "done" or outcome.finished:
+    elif result.status == "done" or finished:
         open_row.state, open_row.finished_at = StepState.SUCCEEDED, now
     else:
         open_row.state = StepState.RUNNING
     open_row.save()
     if open_row.finished_at is not None:
         _record_phase(op, open_row)
+    return open_row
 
 
 def _row_named(
