@@ -412,7 +412,7 @@ def _first_address_wait(
         "wait",
         progress,
         "address",
-        delay=_plan_address_look(op, proxy, progress, waited),
+        delay=_plan_address_look(op, proxy, progress, waited, expected=expected),
         message="waiting for the guest to boot",
     )
     return Outcome(result, progress, {}, phase_name="address")
@@ -424,14 +424,20 @@ def address_budget() -> float:
 
 
 def _plan_address_look(
-    op: Operation, proxy: Proxy, progress: dict[str, Any], waited: float
+    op: Operation,
+    proxy: Proxy,
+    progress: dict[str, Any],
+    waited: float,
+    *,
+    expected: float | None = None,
 ) -> float:
     """The delay to the next look for the address: when the image's boot is expected to be
     over, then a short interval doubling up to ``PROXYHUB_ADDRESS_POLL_SECONDS``
-    (``proxmox.waits``). The plan is kept in the record for the boot's timing."""
+    (``proxmox.waits``). The plan is kept in the record for the boot's timing. ``expected``:
+    the boot's estimate when the caller just read it (read here otherwise)."""
     assert op.cluster is not None
     delay = next_wait(
-        expected=_boot_expected(op, proxy),
+        expected=expected if expected is not None else _boot_expected(op, proxy),
         elapsed=waited,
         cap=_setting("PROXYHUB_ADDRESS_POLL_SECONDS", ADDRESS_POLL),
         limit=address_budget(),

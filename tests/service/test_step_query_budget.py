@@ -35,9 +35,11 @@ RELEASE = 2
 CHAIN_CHECK = 1
 # The start's wait that sees the VM run is the running check too (proxmox/create.py), and it
 # plans the boot's first look when the boot is known to take a while (services/runners.py): it
-# also journals the check's row and opens the address's, and no step of its own runs for either
-# (before: two whole steps).
-MET = 2
+# also journals the check's row, reads the image's boot estimate and, when that boot is not yet
+# due, opens the address's row; no step of its own runs for either (before: two whole steps).
+# The budget counted the row but not the read, so it held only when the boot was already due:
+# on a slower run the test failed either way.
+MET = 3
 # Any step of a warm create after its first (the first places the proxy). Before: up to 20;
 # 13 while a submitting step read its held slots and its node's slots apart (slots.slots_look);
 # 12 while it read the maintenance switches itself (maintenance.with_switches_flag).
@@ -123,7 +125,12 @@ def test_each_step_of_a_create_stays_within_its_statement_budget(
     assert all(upids[name] for name in ("clone", "upload", "resize", "start")), upids
     polls = [(stage, len(sql) - _extra(sql)) for stage, sql in seen if stage.endswith("_wait")]
     assert len(polls) >= 4, seen
-    over = [(stage, sql) for stage, sql in seen[1:] if len(sql) - _extra(sql) > STEP_BUDGET]
+    ending = max(i for i, (stage, _) in enumerate(seen) if stage == "start_wait")
+    over = [
+        (stage, sql)
+        for i, (stage, sql) in enumerate(seen)
+        if i and len(sql) - _extra(sql) > STEP_BUDGET + (MET if i == ending else 0)
+    ]
     assert not over, [(stage, len(sql), sql) for stage, sql in over]
     assert "running" not in [stage for stage, _ in seen], [stage for stage, _ in seen]
     # No maintenance switch is on in the cluster: the operation's own read says so, and no step
