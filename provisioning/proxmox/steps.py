@@ -171,6 +171,31 @@ def poll_task(
         look = Look(read_seen(api, upid, clock=clock, deadline=deadline))
     else:
         look = board.look(api, upid, clock=clock, deadline=deadline)
+    return looked(
+        look,
+        progress,
+        step=step,
+        op=op,
+        budget=budget,
+        poll_interval=poll_interval,
+        next_stage=next_stage,
+        on_failure=on_failure,
+    )
+
+
+def looked(
+    look: Look,
+    progress: Progress,
+    *,
+    step: str,
+    op: str,
+    budget: float,
+    poll_interval: float,
+    next_stage: str,
+    on_failure: Callable[[TaskFailed], StepResult] | None = None,
+) -> StepResult:
+    """What the poll of ``progress``'s task makes of ``look`` (``poll_task``), with the other
+    tasks the look saw end named in the details (``ENDED_ELSEWHERE``)."""
     result = _polled(
         look.seen,
         progress,

@@ -14,6 +14,10 @@ What the board remembers is only a task that ended, and an end is a fact that ca
 limit, an entry not yet written) is read on its own with a status read, as without a board:
 absence never counts as an end. A node with no other task of ours in flight is read the way it
 always was, one status read, since a list would cost more and tell no more.
+
+A start's wait asks the board first too (``look_shared``): the ``qmstart``'s end is its VM
+running, so on a busy node the list answers for the VMs a fleet is starting, and alone on its
+node the start reads the VM's status as before (``create._start_listed``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,23 @@ class TaskBoard:
     ) -> Look:
         """The state of ``upid``: remembered when an earlier look saw it end, else read, with
         every other task of ours on its node in the same request when there are any."""
+        shared = self.look_shared(api, upid, clock=clock, deadline=deadline)
+        if shared is not None:
+            return shared
+        return Look(read_seen(api, upid, clock=clock, deadline=deadline))
+
+    def look_shared(
+        self,
+        api: Api,
+        upid: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        deadline: Deadline | None = None,
+    ) -> Look | None:
+        """What the board can say of ``upid`` without a read of it alone: remembered when an
+        earlier look saw it end, or one look at its node's list when other tasks of ours run
+        there. None when it has nothing to share: the caller reads what it reads alone (a
+        task's status, or for a start the VM's own: ``create``)."""
         with self._guard:
             known = self._ended.pop(upid, None)
         if known is not None:
@@ -89,7 +110,7 @@ class TaskBoard:
             if other != upid and _node_of(other) == parsed.node
         ]
         if not others:
-            return Look(read_seen(api, upid, clock=clock, deadline=deadline))
+            return None
         started = [parse_upid(other).starttime for other in others]
         sent = clock()
         listing = api.node_tasks(
