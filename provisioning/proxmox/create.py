@@ -50,7 +50,6 @@ from .steps import (
     StepResult,
     advance,
     fail,
-    looked,
     permanent,
     warm,
     with_timing,
@@ -674,7 +673,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         if self.board is not None and upid:
             look = self.board.look_shared(self.api, str(upid), clock=self.clock, deadline=deadline)
             if look is not None:
-                return self._start_listed(req, progress, look, failed)
+                return self._start_listed(req, progress, look, failed, deadline)
         # Alone on its node, the VM's state first (issue 12): a start takes about as long as
         # one poll interval, so the first look usually finds the VM running, which is what
         # step 9 waits for; the task's own status is read only while it does not run yet.
@@ -720,6 +719,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         progress: Progress,
         look: Look,
         failed: Callable[[Exception], StepResult],
+        deadline: Deadline | None,
     ) -> StepResult:
         """The start's wait answered by the node's task list (``task_board``), not by a status
         read: the ``qmstart`` task ends once QEMU runs (``vm_start``, pve-reference §7.16), so
@@ -727,15 +727,8 @@ class CreateMachine(StepMachine[CreateRequest]):
         every VM too, but its ``status`` lags the VM by up to 10 s (§7.9): every create would
         end that much late. A task that failed is judged on the VM's status (``failed``); a VM
         stopped again right after its start is the boot's look's to find (``boot``)."""
-        result = looked(
-            look,
-            progress,
-            step="start_wait",
-            op=OP,
-            budget=self.budgets.start,
-            poll_interval=self.budgets.poll_interval,
-            next_stage="running",
-            on_failure=failed,
+        result = self.poll(
+            progress, "start_wait", self.budgets.start, "running", deadline, failed, look=look
         )
         if not look.seen.outcome.succeeded:
             return result  # still starting, or failed and judged by ``failed``

@@ -153,12 +153,15 @@ def poll_task(
     deadline: Deadline | None = None,
     on_failure: Callable[[TaskFailed], StepResult] | None = None,
     board: TaskBoard | None = None,
+    look: Look | None = None,
 ) -> StepResult:
     """Read the recorded task once: still running means wait; ended means move on.
 
     With a ``board`` the read is the board's (``task_board``): one look at the node's task list
     when other tasks of ours run there, or what an earlier such look saw; the other tasks it
     found ended are named in the result's details (``ENDED_ELSEWHERE``) for the caller to wake.
+    ``look``: the board's look the caller already made (a start's wait asks it first), read
+    nothing more.
 
     The wait's start is kept in the record (``since``, wall clock, so it survives a move to
     another worker), and so is how long after it the task was last seen running
@@ -167,45 +170,11 @@ def poll_task(
     running on Proxmox and the retry polls the same UPID (seed 000 entry 18).
     """
     upid = progress["upid"]
-    if board is None:
-        look = Look(read_seen(api, upid, clock=clock, deadline=deadline))
-    else:
+    if look is None and board is not None:
         look = board.look(api, upid, clock=clock, deadline=deadline)
-    return looked(
-        look,
-        progress,
-        step=step,
-        op=op,
-        budget=budget,
-        poll_interval=poll_interval,
-        next_stage=next_stage,
-        on_failure=on_failure,
-    )
-
-
-def looked(
-    look: Look,
-    progress: Progress,
-    *,
-    step: str,
-    op: str,
-    budget: float,
-    poll_interval: float,
-    next_stage: str,
-    on_failure: Callable[[TaskFailed], StepResult] | None = None,
-) -> StepResult:
-    """What the poll of ``progress``'s task makes of ``look`` (``poll_task``), with the other
-    tasks the look saw end named in the details (``ENDED_ELSEWHERE``)."""
-    result = _polled(
-        look.seen,
-        progress,
-        step=step,
-        op=op,
-        budget=budget,
-        poll_interval=poll_interval,
-        next_stage=next_stage,
-        on_failure=on_failure,
-    )
+    elif look is None:
+        look = Look(read_seen(api, upid, clock=clock, deadline=deadline))
+    result = _polled(look.seen, progress, step, op, budget, poll_interval, next_stage, on_failure)
     if look.ended:
         result.details[ENDED_ELSEWHERE] = list(look.ended)
     return result
@@ -214,7 +183,6 @@ def looked(
 def _polled(
     seen: Seen,
     progress: Progress,
-    *,
     step: str,
     op: str,
     budget: float,
@@ -222,7 +190,7 @@ def _polled(
     next_stage: str,
     on_failure: Callable[[TaskFailed], StepResult] | None,
 ) -> StepResult:
-    """What the poll of ``progress``'s task makes of ``seen``."""
+    """What the poll of ``progress``'s task makes of ``seen`` (``poll_task``'s arguments)."""
     upid = progress["upid"]
     outcome, sent, now = seen.outcome, seen.sent, seen.landed
     if outcome.state == "running":
@@ -528,6 +496,7 @@ class StepMachine(Generic[Req]):
         next_stage: str,
         deadline: Deadline | None,
         on_failure: Callable[[TaskFailed], StepResult] | None = None,
+        look: Look | None = None,
     ) -> StepResult:
         return poll_task(
             self.api,
@@ -541,6 +510,7 @@ class StepMachine(Generic[Req]):
             deadline=deadline,
             on_failure=on_failure,
             board=self.board,
+            look=look,
         )
 
     def submit_task(
