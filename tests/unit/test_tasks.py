@@ -260,7 +260,13 @@ def test_wait_task_budget_exhausted_is_transient_and_names_the_upid(api: Api) ->
     assert time.monotonic() - started < 2.0
     assert CLONE_UPID in str(raised.value)
     assert raised.value.op == "create"
-    assert len(responses.calls) >= 2  # it did poll, and it did not submit anything
+    # It did poll, and it did not submit anything. How many polls fit in the budget depends
+    # on the machine: under load one read took 1.4 s (a CI run), longer than the whole budget.
+    assert responses.calls
+    assert all(
+        c.request.method == "GET" and status_url(CLONE_UPID).match(str(c.request.url))
+        for c in responses.calls
+    )
 
 
 @responses.activate
