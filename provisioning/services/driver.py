@@ -506,7 +506,7 @@ def _persist(
             )
             return None
         # Slots it no longer needs go to the oldest waiters, whose steps are sent on commit.
-        slots.slots_keep(
+        kept = slots.slots_keep(
             operation=op,
             keys=() if finished else _slots_to_keep(op, outcome),
             now=now,
@@ -525,9 +525,18 @@ def _persist(
             if outcome.delete_proxy and updates["state"] == OperationState.SUCCEEDED:
                 Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
         chain = bool(token) and may_chain and delay == 0.0 and not _others_due(op, now)
+        queued = None
+        if token and not chain and delay == 0.0 and result.status != "error":
+            # A next step that would only find its node full waits from here, with no
+            # delivery of its own (services.slots.slots_queue).
+            queued = slots.slots_queue(
+                operation=op, progress=outcome.progress, token=token, now=now, held=kept
+            )
     if chain:
         return token
-    if token:
+    if queued is not None:
+        slots.slots_queue_look(operation=op, key=queued, token=token, now=now)
+    elif token:
         dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent)
     elif finished:
         state = str(updates["state"])

@@ -16,6 +16,11 @@ and sends that waiter's step at once, in the same transaction (or, for the first
 delivery wakes, runs it in that delivery: ``collecting_woken``): a queued step starts the moment
 a slot frees, not at the next poll, and no newcomer overtakes it.
 
+The step before a submission does the same from its own commit when its next step goes through
+the broker (``slots_queue``): it takes the slot the next step needs, or records the waiter there,
+and looks once more after the commit. A fleet's creates all look up before any clones, so
+otherwise every clone past the template node's cap spent a delivery finding no slot.
+
 A worker that dies holding a slot cannot leak it: the sweeper (``slots_recover``) frees every
 slot whose holder finished, or whose holder has no live claim and no task to wait for, and hands
 free slots to waiters whose wake-up was lost.
@@ -389,10 +394,7 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
     A release may hand it the slot after its last look and before this: the wake-up's message
     then met this delivery's claim and was dropped (``claims.claim_take``), so the step's
     message is sent again here once the claim is back."""
-    held = TaskSlot.objects.filter(cluster=operation.cluster, key=key).exclude(
-        operation__isnull=True
-    )
-    note = f"{WAIT_NOTE}{key.replace(':', ' ', 1)} ({held.count()} of {_limit(key)} in use)"
+    note = _wait_note(operation, key)
     with transaction.atomic():
         _journal_wait_open(operation, key, now)
         # Not when a release already woke it (a new dispatch token): that message runs it.
@@ -413,6 +415,14 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
         ):
             _send_again_once_free(operation.pk)
     log.info("step waits for a task slot", extra={"operation": str(operation.pk), "key": key})
+
+
+def _wait_note(operation: Operation, key: str) -> str:
+    """What the operator reads on an operation waiting for a slot of ``key``."""
+    held = TaskSlot.objects.filter(cluster=operation.cluster, key=key).exclude(
+        operation__isnull=True
+    )
+    return f"{WAIT_NOTE}{key.replace(':', ' ', 1)} ({held.count()} of {_limit(key)} in use)"
 
 
 def _send_again_once_free(operation_id: Any) -> None:
@@ -475,18 +485,99 @@ def slots_keep(
     keys: tuple[str, ...],
     now: datetime,
     held: list[Held] | None = None,
-) -> None:
+) -> list[Held]:
     """Give back every slot ``operation`` holds except ``keys``, each to the oldest waiter of
-    its key. Call inside the transaction that journals the step. ``held``: what the step's
-    ``slots_take`` found held (read here when not given). It stays exact while the step runs:
-    only the holder gives its slots back, a release hands slots only to waiters, and the
-    sweeper frees only slots whose holder has no live claim (a release of a slot no longer
-    ours changes no row)."""
+    its key; returns the slots it keeps. Call inside the transaction that journals the step.
+    ``held``: what the step's ``slots_take`` found held (read here when not given). It stays
+    exact while the step runs: only the holder gives its slots back, a release hands slots
+    only to waiters, and the sweeper frees only slots whose holder has no live claim (a
+    release of a slot no longer ours changes no row)."""
     if held is None:
         held = slots_held(operation=operation)
     for slot in held:
         if slot.key not in keys:
             _release(slot.pk, slot.cluster_id, slot.key, slot.seq, operation.pk, now)
+    return [slot for slot in held if slot.key in keys]
+
+
+# --- queued by the step before (issue 12) -------------------------------------------------------
+
+
+def slots_queue(
+    *,
+    operation: Operation,
+    progress: dict[str, Any],
+    token: str,
+    now: datetime,
+    held: list[Held],
+) -> str | None:
+    """In the transaction that journals a step whose next step (``progress``) is due now and
+    goes through the broker with ``token``: take the slots that next step will need, or, where
+    none is free, record it as that key's waiter now, as its own delivery would (``slots_take``
+    then ``slot_wait``), but without that delivery. A fleet's creates all look up before any
+    clones, so every clone past the template node's cap was a delivery that found no slot
+    (issue 12's makespan: 1.5 per create); now a clone's first delivery is the one that runs
+    it. ``held``: the slots the operation keeps (``slots_keep``).
+
+    Returns the key it waits for: then no message is to be sent, and ``slots_queue_look``
+    must run after the commit. None: the step is sent as usual (it holds what it needs, or
+    needs none, or polls a task that runs anyway)."""
+    need = need_of(operation, progress)
+    if not need.keys or need.in_flight:
+        return None
+    have = {slot.key for slot in held}
+    for key in need.keys:
+        if key in have or _take_one(operation, key, now):
+            continue
+        SlotWaiter.objects.bulk_create(
+            [
+                SlotWaiter(
+                    operation_id=operation.pk, cluster_id=operation.cluster_id, key=key, since=now
+                )
+            ],
+            ignore_conflicts=True,
+        )
+        SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
+            key=key, since=now
+        )
+        _journal_wait_open(operation, key, now)
+        # The state ``slot_wait`` leaves: waiting, its message left to the release that hands
+        # it a slot (or to the sweeper after the fallback).
+        Operation.objects.filter(pk=operation.pk, dispatch_token=token).update(
+            next_step_at=now + WAIT_FALLBACK,
+            state=OperationState.WAITING,
+            last_error=_wait_note(operation, key),
+        )
+        log.info(
+            "step queued for a task slot by the step before",
+            extra={"operation": str(operation.pk), "key": key},
+        )
+        return key
+    return None
+
+
+def slots_queue_look(*, operation: Operation, key: str, token: str, now: datetime) -> None:
+    """After the commit of ``slots_queue``'s waiter: look once more, as ``slots_take`` does
+    after recording one. Until that commit no release could see the waiter, so a slot freed
+    meanwhile stayed free: take it and send the step now, not at the fallback a minute later.
+    A release that did see the waiter handed it a slot and sent it; the one taken here then
+    goes back (one task holds one slot of its node)."""
+    with transaction.atomic():
+        taken = _take_one(operation, key, now)
+        if not taken:
+            return
+        if not SlotWaiter.objects.filter(operation_id=operation.pk, key=key).delete()[0]:
+            if isinstance(taken, Held):
+                _release(taken.pk, taken.cluster_id, key, taken.seq, operation.pk, now)
+            return
+        _journal_wait_close(operation, now)
+        if Operation.objects.filter(
+            pk=operation.pk, dispatch_token=token, claim_token="", state__in=ACTIVE_STATES
+        ).update(next_step_at=now, state=OperationState.RUNNING, last_error=""):
+            dispatch.send_after_commit(str(operation.pk), token, 0.0, operation.trace_parent)
+        elif isinstance(taken, Held):
+            # Superseded since its commit (its new step holds what it needs): not this slot.
+            _release(taken.pk, taken.cluster_id, key, taken.seq, operation.pk, now)
 
 
 def _release(pk: int, cluster_id: Any, key: str, seq: int, holder: Any, now: datetime) -> None:

@@ -122,8 +122,15 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
     fleet's deliveries did)."""
     _creates(pump, sim, CAP + 1)
     waiter = _first_waiter(pump)
-    clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
+    # The step before queued the waiter (slots.slots_queue), maybe before the slots' holders
+    # submitted their clones: they do now.
+    for _ in range(4 * CAP):
+        clones = len([t for t in sim.engine.control.tasks() if t["type"] == "qmclone"])
+        if clones == CAP:
+            break
+        _deliver_one(pump)
     assert clones == CAP
+    assert SlotWaiter.objects.filter(pk=waiter.pk).exists()
     while SlotWaiter.objects.exists():
         _deliver_one(pump)
     # In the very delivery that freed the slot, and before the waiter's own message came:
@@ -286,6 +293,9 @@ def test_a_slot_handed_over_between_the_last_look_and_the_wait_still_runs_the_st
     held, and no message is left: nothing but the sweeper's overdue re-send (a minute later,
     if Beat runs at all) would ever run it. The step must still run, with no sweeper."""
     _creates(pump, sim, CAP + 1)
+    # The delivery's own wait is under test (a chained step's, a first step's): the step before
+    # does not queue it here (``slots.slots_queue``).
+    monkeypatch.setattr(slots, "slots_queue", lambda **kwargs: None)
     real_wait = slots.slot_wait
     raced: list[str] = []
 
@@ -638,3 +648,73 @@ def test_a_create_keeps_its_node_slot_from_its_upload_through_its_configure_to_i
     # Steps did wait (the cap held them back), but only for a clone or a seed's removal.
     assert "clone" in after_wait
     assert after_wait <= {"clone", SEED_RELEASE_STAGE}, after_wait
+
+
+# --- queued by the step before (issue 12) ------------------------------------------------------
+
+
+def _counting_waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of every delivery that found no slot and waited (``slots.slot_wait``)."""
+    waited: list[str] = []
+    real = slots.slot_wait
+
+    def counted(**kwargs: Any) -> None:
+        waited.append(kwargs["key"])
+        real(**kwargs)
+
+    monkeypatch.setattr(slots, "slot_wait", counted)
+    return waited
+
+
+def test_a_step_whose_next_task_finds_no_slot_queues_it_with_no_delivery_of_its_own(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's creates all look up first, then clone on the template's node: every clone
+    past the cap was a delivery that found no slot and waited (issue 12's makespan: 1.5 per
+    create). The step before it takes the next step's slot in its own commit, or, with none
+    free, records the waiter there: the next step's first delivery is the one that runs it."""
+    waited = _counting_waits(monkeypatch)
+    _creates(pump, sim, 2 * CAP)
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * (2 * CAP)
+    # They did wait for the node (the operator saw it in the journal), in FIFO order...
+    waits = OperationStep.objects.filter(name="slot_wait")
+    assert waits.count() >= CAP
+    assert set(waits.values_list("state", flat=True)) == {"succeeded"}
+    # ...but no delivery was spent finding no slot.
+    assert waited == []
+    assert not TaskSlot.objects.exclude(operation__isnull=True).exists()
+    assert not SlotWaiter.objects.exists()
+
+
+def test_a_step_queued_while_a_slot_freed_takes_it_after_its_commit(
+    pump: Pump, sim: Sim, capped: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter the step before records becomes visible to releasers only at its commit: a
+    slot freed in between, finding no waiter, stays free. So after its commit that step looks
+    once more, as a waiting delivery does (``slots_take``), takes the free slot and sends the
+    step, rather than leaving it to the sweeper's fallback a minute later."""
+    # Two creates: the first one's next step then goes through the broker (another is due),
+    # instead of running in the same delivery (driver._others_due).
+    _creates(pump, sim, 2)
+    real = slots._take_one
+    missed: list[str] = []
+
+    def full_at_first(operation: Operation, key: str, *args: Any, **kwargs: Any) -> Any:
+        # The look in the step's own transaction sees the node full (the release came after).
+        if not missed:
+            missed.append(key)
+            return False
+        return real(operation, key, *args, **kwargs)
+
+    monkeypatch.setattr(slots, "_take_one", full_at_first)
+    pump.deliver_one()  # a lookup, which leads to the clone on pve1
+    assert missed == [KEY]
+    (op,) = [o for o in _ops(2) if (o.progress.get("create") or {}).get("stage") == "clone"]
+    # The look after the commit took the free slot and sent the step: no waiter left behind.
+    assert list(TaskSlot.objects.filter(operation=op).values_list("key", flat=True)) == [KEY]
+    assert not SlotWaiter.objects.exists()
+    assert [m.token for m in pump.queue if m.operation_id == str(op.pk)] == [op.dispatch_token]
+    assert op.next_step_at is not None and op.next_step_at <= db_now()
+    pump.run()
+    assert sorted(Proxy.objects.values_list("phase", flat=True)) == [Phase.RUNNING] * 2
