@@ -332,24 +332,8 @@ def slots_take(
         if need.in_flight:
             continue  # the task runs anyway: poll it, and count it once a slot frees
         waited = True
-        cluster_id: Any = operation.cluster_id  # a step with a slot key has a cluster
         with transaction.atomic():
-            # The waiter row if missing (a row already there keeps its place in the queue:
-            # get_or_create's read, savepoint and insert in one statement, issue 12).
-            SlotWaiter.objects.bulk_create(
-                [
-                    SlotWaiter(
-                        operation_id=operation.pk,
-                        cluster_id=cluster_id,
-                        key=key,
-                        since=now,
-                    )
-                ],
-                ignore_conflicts=True,
-            )
-            SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
-                key=key, since=now
-            )
+            _record_waiter(operation, key, now)
         with transaction.atomic():
             taken = _take_one(operation, key, now)
             if taken:
@@ -367,6 +351,17 @@ def slots_take(
         SlotWaiter.objects.filter(operation_id=operation.pk).delete()
         _journal_wait_close(operation, now)
     return None
+
+
+def _record_waiter(operation: Operation, key: str, now: datetime) -> None:
+    """The operation's waiter row for ``key``, if missing (a row already there keeps its place
+    in the queue: get_or_create's read, savepoint and insert in one statement, issue 12)."""
+    cluster_id: Any = operation.cluster_id  # a step with a slot key has a cluster
+    SlotWaiter.objects.bulk_create(
+        [SlotWaiter(operation_id=operation.pk, cluster_id=cluster_id, key=key, since=now)],
+        ignore_conflicts=True,
+    )
+    SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(key=key, since=now)
 
 
 def _unless_handed_one(op: Operation, key: str, taken: Held | bool, now: datetime) -> Held | bool:
@@ -529,17 +524,7 @@ def slots_queue(
     for key in need.keys:
         if key in have or _take_one(operation, key, now):
             continue
-        SlotWaiter.objects.bulk_create(
-            [
-                SlotWaiter(
-                    operation_id=operation.pk, cluster_id=operation.cluster_id, key=key, since=now
-                )
-            ],
-            ignore_conflicts=True,
-        )
-        SlotWaiter.objects.filter(operation_id=operation.pk).exclude(key=key).update(
-            key=key, since=now
-        )
+        _record_waiter(operation, key, now)
         _journal_wait_open(operation, key, now)
         # The state ``slot_wait`` leaves: waiting, its message left to the release that hands
         # it a slot (or to the sweeper after the fallback).
