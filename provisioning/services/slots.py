@@ -389,7 +389,7 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
     A release may hand it the slot after its last look and before this: the wake-up's message
     then met this delivery's claim and was dropped (``claims.claim_take``), so the step's
     message is sent again here once the claim is back."""
-    note = _wait_note(operation, key)
+    waiting = _waiting(operation, key, now)
     with transaction.atomic():
         _journal_wait_open(operation, key, now)
         # Not when a release already woke it (a new dispatch token): that message runs it.
@@ -400,10 +400,8 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
             claim_expires_at=None,
             dispatch_token=secrets.token_hex(8),
             dispatched_at=now,
-            next_step_at=now + WAIT_FALLBACK,
             redispatches=0,
-            state=OperationState.WAITING,
-            last_error=note,
+            **waiting,
         )
         if not waits and Operation.objects.filter(pk=operation.pk, claim_token=claim).update(
             claim_token="", claim_expires_at=None
@@ -412,12 +410,19 @@ def slot_wait(*, operation: Operation, claim: str, key: str, now: datetime) -> N
     log.info("step waits for a task slot", extra={"operation": str(operation.pk), "key": key})
 
 
-def _wait_note(operation: Operation, key: str) -> str:
-    """What the operator reads on an operation waiting for a slot of ``key``."""
+def _waiting(operation: Operation, key: str, now: datetime) -> dict[str, Any]:
+    """The operation's fields while it waits for a slot of ``key``: waiting, its message left
+    to the release that hands it one (or to the sweeper after the fallback), and what the
+    operator reads."""
     held = TaskSlot.objects.filter(cluster=operation.cluster, key=key).exclude(
         operation__isnull=True
     )
-    return f"{WAIT_NOTE}{key.replace(':', ' ', 1)} ({held.count()} of {_limit(key)} in use)"
+    return {
+        "next_step_at": now + WAIT_FALLBACK,
+        "state": OperationState.WAITING,
+        "last_error": f"{WAIT_NOTE}{key.replace(':', ' ', 1)} "
+        f"({held.count()} of {_limit(key)} in use)",
+    }
 
 
 def _send_again_once_free(operation_id: Any) -> None:
@@ -526,12 +531,8 @@ def slots_queue(
             continue
         _record_waiter(operation, key, now)
         _journal_wait_open(operation, key, now)
-        # The state ``slot_wait`` leaves: waiting, its message left to the release that hands
-        # it a slot (or to the sweeper after the fallback).
         Operation.objects.filter(pk=operation.pk, dispatch_token=token).update(
-            next_step_at=now + WAIT_FALLBACK,
-            state=OperationState.WAITING,
-            last_error=_wait_note(operation, key),
+            **_waiting(operation, key, now)
         )
         log.info(
             "step queued for a task slot by the step before",
@@ -546,14 +547,10 @@ def slots_queue_look(*, operation: Operation, key: str, token: str, now: datetim
     after recording one. Until that commit no release could see the waiter, so a slot freed
     meanwhile stayed free: take it and send the step now, not at the fallback a minute later.
     A release that did see the waiter handed it a slot and sent it; the one taken here then
-    goes back (one task holds one slot of its node)."""
+    goes back (one task holds one slot of its node: ``_unless_handed_one``)."""
     with transaction.atomic():
         taken = _take_one(operation, key, now)
-        if not taken:
-            return
-        if not SlotWaiter.objects.filter(operation_id=operation.pk, key=key).delete()[0]:
-            if isinstance(taken, Held):
-                _release(taken.pk, taken.cluster_id, key, taken.seq, operation.pk, now)
+        if not taken or _unless_handed_one(operation, key, taken, now) is not taken:
             return
         _journal_wait_close(operation, now)
         if Operation.objects.filter(
