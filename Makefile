@@ -47,7 +47,7 @@ integration: $(STAMP)
 
 # The admin in Debian's Chromium, driven by Playwright, with a real worker.
 e2e: $(STAMP)
-	$(BIN)/pytest tests/e2e -m e2e $(PYTEST_ARGS)
+	$(BIN)/pytest tests/e2e -m e2e --tb=short $(PYTEST_ARGS)
 
 # The whole suite: style and types first, then the test tiers in two lanes side by side. One
 # lane is busy computing (the fast tier on SQLite, then the service tests on PostgreSQL); the

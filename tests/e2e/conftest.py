@@ -244,6 +244,24 @@ def worker(
         log.close()
 
 
+# --- what the worker said, beside a failure -------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """On a failure, add the worker's warnings and errors and the end of its log to the report.
+
+    The browser flow's assertion says what the page showed; why the worker did not get there
+    is in its log, in this test's temporary folder, which a CI run does not keep."""
+    outcome = yield
+    report = outcome.get_result()
+    worker = item.funcargs.get("worker") if hasattr(item, "funcargs") else None
+    if not report.failed or not isinstance(worker, Worker) or not worker.log.exists():
+        return
+    report.sections.append(("worker warnings and errors", worker.problems()))
+    report.sections.append(("worker log, last lines", worker.tail()))
+
+
 # --- the browser ---------------------------------------------------------------------------
 
 

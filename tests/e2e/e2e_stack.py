@@ -110,3 +110,13 @@ class Worker:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def problems(self, lines: int = 40) -> str:
+        """The log's last ``lines`` lines at WARNING or above (JSON lines and celery's own)."""
+        wanted = ('"level": "WARNING"', '"level": "ERROR"', '"level": "CRITICAL"', "Traceback")
+        found = [
+            line
+            for line in self.log.read_text(errors="replace").splitlines()
+            if any(mark in line for mark in wanted)
+        ]
+        return "\n".join(found[-lines:]) or "(none)"
