@@ -260,7 +260,26 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
         "entries": entries,
         "operations": [(float(o["startedAt"] or o["createdAt"]), o["finishedAt"]) for o in ops],
         "slotWaits": slot_waits(ops),
+        "timeline": step_timeline(ops[0], first) if n == 1 else [],
     }
+
+
+def step_timeline(op: dict[str, Any], first: float) -> list[tuple[str, float, float | None]]:
+    """One create's journal steps as (name, start, end) in seconds from its request: where a
+    lone create's time over the floor goes (each task's end noticed late, each step's turn)."""
+    out = []
+    for step in op["steps"]:
+        if step["startedAt"] is None:
+            continue
+        end = step["finishedAt"]
+        out.append(
+            (
+                str(step["name"]),
+                round(float(step["startedAt"]) - first, 3),
+                None if end is None else round(float(end) - first, 3),
+            )
+        )
+    return out
 
 
 def slot_waits(ops: Sequence[dict[str, Any]]) -> list[tuple[str, float, float | None]]:
@@ -293,6 +312,7 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         to_running = run.pop("entriesToRunning")
         run.pop("operations")
         run.pop("slotWaits")
+        run["steps"] = run.pop("timeline")
         run["ratio"] = run["wall"] / floor.seconds
         run["requests"] = requests_summary(entries, 1)
         run["requestsToRunning"] = requests_summary(to_running, 1)
@@ -322,6 +342,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         run.pop("entriesToRunning")
         ops = run.pop("operations")
         waits = run.pop("slotWaits")
+        run.pop("timeline")
         upids = {str(e["upid"]) for e in entries if e.get("upid")}
         tasks = [t for t in stack.sim.tasks() if t["upid"] in upids]
         floor = fleet_floor(
@@ -380,6 +401,7 @@ def measure_concurrency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     entries = run.pop("entries")
     run.pop("entriesToRunning")
     ops = run.pop("operations")
+    run.pop("timeline")
     floor = fleet_floor(
         run["placement"], template_node=run["templateNode"], profile=PROFILE, time_scale=TIME_SCALE
     )
