@@ -36,12 +36,16 @@ said (the work was going then), and the plan of a late look says less (``seen_at
 comes ``MARGIN`` after the estimate, and a right estimate drifts below the work until a first look
 finds it still going (one poll more), which pulls it back up.
 
-A wait with no estimate (``COLD_GROWTH``) looks after half the time waited so far: its bracket
-is at most a third of the work, so the estimate it leaves is about a sixth off at worst.
+A wait with no estimate (``COLD_GROWTH``) looks after a quarter of the time waited so far: its
+bracket is at most a fifth of the work, so the estimate it leaves is about a tenth off at worst.
 Doubling left half unknown, and the middle of that was the next waits' plan: a 2 s boot
 bracketed as 1.97 to 3.8 s planned every later create's first look a second late (issue 12's
-latency). A cold wait costs more looks (eight instead of six to a 2 s end), once per node and
-kind.
+latency). Growing by half still left a third: the benchmark's cold boot, seen going at 1.97 s
+and over at 2.96 s, made the next two creates look 0.58 and 0.5 s late, and an estimate too
+long only comes down by a few percent a wait (``PROBE_DOWN``). In a simulation of 500 cold
+boots of 1.6-2.5 s, the two waits after each noticed the end 12.8 % after it on average with
+growth by half, 8 % with a quarter; the cold wait costs about eleven looks instead of eight,
+once per node and kind (an image's boot: once per image).
 
 The constants trade looks for lateness. In a simulation with 10 % jitter on the duration and a
 15-45 ms overhead per look, warm waits took 1.15 (0.2 s work) to 1.33 (2 s) looks each and
@@ -62,9 +66,9 @@ from typing import Any, Protocol
 MIN_POLL = 0.05
 STEP_SHARE = 0.1
 # With no estimate, each look comes after this share of the time waited so far (at least
-# MIN_POLL): the look that finds the work over then bounds its end within a third of its
-# duration, and the middle of that bracket is about a sixth off at worst (module docstring).
-COLD_GROWTH = 0.5
+# MIN_POLL): the look that finds the work over then bounds its end within a fifth of its
+# duration, and the middle of that bracket is about a tenth off at worst (module docstring).
+COLD_GROWTH = 0.25
 # The first look comes this share after the expected end (module docstring).
 MARGIN = 0.05
 # A first look that found the work over counts as this share of the time it was planned for;

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+import statistics
+from collections.abc import Callable
+
 import pytest
 
 from provisioning.proxmox.waits import (
@@ -30,22 +34,27 @@ def test_the_first_look_comes_at_the_expected_end_then_the_interval_doubles_to_t
     assert delays[4:] == pytest.approx([1.0] * 4)  # capped by the poll interval
 
 
-def test_without_an_estimate_looks_start_at_50_ms_and_grow_by_half_the_time_waited() -> None:
+def test_without_an_estimate_looks_start_at_50_ms_and_grow_by_a_quarter_of_the_time_waited() -> (
+    None
+):
     elapsed, delays = 0.0, []
     for _ in range(8):
         delay = next_wait(expected=None, elapsed=elapsed, cap=1.0, limit=600.0)
         delays.append(delay)
         elapsed += delay
-    assert delays[:4] == pytest.approx([MIN_POLL, MIN_POLL, MIN_POLL, 0.075])
-    # Each look after half the time waited so far, so the wait that ends brackets the work's
-    # end within a third of its duration (a doubling left half of it unknown).
-    assert delays[4:] == pytest.approx([0.1125, 0.16875, 0.253125, 0.3796875])
+    assert delays[:5] == pytest.approx([MIN_POLL] * 5)
+    # Each look after a quarter of the time waited so far, so the wait that ends brackets the
+    # work's end within a fifth of its duration (growing by half left a third of it unknown).
+    assert delays[5:] == pytest.approx([0.0625, 0.078125, 0.09765625])
 
 
-def _waits(duration: float, count: int, overhead: float = 0.03) -> list[tuple[int, float]]:
+def _waits(
+    duration: float, count: int, overhead: float | Callable[[], float] = 0.03
+) -> list[tuple[int, float]]:
     """``count`` waits in a row for work of ``duration`` seconds, each look landing ``overhead``
-    after its plan (a delivery and a request), the first with no estimate: each wait's looks
-    and how long after the end its last look landed."""
+    after its plan (a delivery and a request; a function draws it per look), the first with no
+    estimate: each wait's looks and how long after the end its last look landed."""
+    draw = overhead if callable(overhead) else lambda: overhead
     estimate: Estimate | None = None
     out = []
     for _ in range(count):
@@ -53,7 +62,7 @@ def _waits(duration: float, count: int, overhead: float = 0.03) -> list[tuple[in
         while True:
             expected = estimate.seconds if estimate is not None else None
             planned = elapsed + next_wait(expected=expected, elapsed=elapsed, cap=3.0, limit=600)
-            landed = planned + overhead
+            landed = planned + draw()
             looks += 1
             if landed >= duration:
                 done = seen_at(planned=planned, sent=landed, landed=landed, running=False)
@@ -74,6 +83,22 @@ def test_the_waits_after_a_cold_one_notice_the_end_within_a_tenth_of_it() -> Non
     # Short tasks too: a 0.2 s clone's warm waits are noticed within 0.1 s in one or two looks.
     for looks, late in _waits(0.2, 6)[1:]:
         assert late <= 0.1 and looks <= 2
+
+
+def test_over_every_phase_of_a_cold_wait_the_next_two_notice_the_end_within_a_tenth() -> None:
+    # Where a cold wait's last look lands against the work's end is chance, and its bracket's
+    # middle is what the next waits plan from. The latency benchmark's cold boot of 2 s was seen
+    # going at 1.97 s and over at 2.96 s: the next two creates looked 0.58 and 0.5 s late
+    # (2026-12-05). Over 500 boots of 1.6-2.5 s, each look landing 15-45 ms after its plan:
+    rng = random.Random(12)
+    lates = []
+    for _ in range(500):
+        duration = 2.0 * rng.uniform(0.8, 1.25)
+        _, first, second = _waits(duration, 3, overhead=lambda: rng.uniform(0.015, 0.045))
+        lates += [first[1] / duration, second[1] / duration]
+    lates.sort()
+    assert statistics.mean(lates) <= 0.1
+    assert lates[int(0.9 * len(lates))] <= 0.2
 
 
 def test_an_estimate_never_plans_a_look_past_the_wait_budget() -> None:
