@@ -24,7 +24,7 @@ from django.db import transaction
 from provisioning.models import Proxy
 from provisioning.models.choices import ErrorClass, Phase, RequestedVia
 from provisioning.proxmox.errors import ClassifiedError
-from provisioning.services import plan_confirmation
+from provisioning.services import dispatch, plan_confirmation
 from provisioning.services.operations import (
     ProxySpec,
     proxies_create,
@@ -227,6 +227,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        if action not in ("list", "wait") and not options.get("dry_run"):
+            # The step messages leave at commit; the producer gets ready meanwhile.
+            dispatch.warm_sender()
         if action == "create":
             self._create(options)
         elif action == "delete":
