@@ -82,7 +82,8 @@ LEASE_WAIT_SECONDS = 2.0
 # tried again without a pause.
 IN_PLACE_PAUSE_SECONDS = 0.1
 # At most this many steps of one operation run in one delivery, for at most this long, when each
-# next step is due at once and no other operation's step is (``operation_run_step``).
+# next step is due at once (``operation_run_step``). A chain ends sooner in practice: at the
+# step's next wait on Proxmox (a look, then steps due at once, then one submission).
 CHAIN_STEPS = 8
 CHAIN_SECONDS = 5.0
 
@@ -98,11 +99,17 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     deliveries); it is sent when this delivery cannot claim the step, or fails before it has.
     One such step per delivery: what that one frees waits for its message.
 
-    A step whose next step is due at once, while no other operation's step is due, runs that
-    next step here too instead of sending it through the broker (``_others_due``), up to
-    ``CHAIN_STEPS`` steps and ``CHAIN_SECONDS``: one proxy's create no longer pays a broker
-    round trip between a task's end and the next submission, and a busy worker still serves
-    every due step in its turn."""
+    A step whose next step is due at once runs that next step here too instead of sending it
+    through the broker, up to ``CHAIN_STEPS`` steps and ``CHAIN_SECONDS``: a create no longer
+    pays a broker round trip between a task's end and the next submission. It does so even
+    while other operations' steps are due: their turn comes after this chain, which ends at its
+    next wait on Proxmox. Yielding at every step kept the queue's order but cost the one worker
+    of issue 12's makespan a delivery per transition (a publish, a claim, the operation's read):
+    1.80-2.00 times the floor chaining against 2.08-2.16 yielding, interleaved runs. (An early
+    attempt that chained regardless made it worse, 5.72 to 8.52, on the control loop from
+    before task slots and the task board; measured again on today's, chaining wins.) A step
+    that freed a slot for a waiting step yields: the waiter runs next and the chain's next step
+    goes through the broker (``_run_one``)."""
     started = time.monotonic()
     # The chained step's token, committed with no message, until this delivery claims it.
     unsent: list[str] = []
@@ -239,8 +246,8 @@ def _run_one(
     _learn_duration(op, outcome)
     woken = _wake_ended_elsewhere(op, outcome, ended, view.wakeable)
     if woken and chained is not None and unsent is not None:
-        # The woken steps are due now, as the chained one is: it takes its turn behind them
-        # through the broker instead of running ahead of them here (as ``_others_due`` does).
+        # The woken steps are due now, as the chained one is, and they were waiting for the
+        # slot this step freed: the chain takes its turn behind them through the broker.
         dispatch.send_after_commit(str(op.pk), chained, 0.0, op.trace_parent)
         unsent.remove(chained)
         return None
@@ -446,8 +453,8 @@ def _persist(
 ) -> str | None:
     """Journal the step and apply what it changed, in one transaction under the proxy's row
     lock; ``held``: the slots the step found held (``slots.slots_take``), None to read them.
-    Returns the next step's token when the caller runs it itself (``may_chain``: it may, when
-    nothing else is due: ``_others_due``); then no message is sent for it."""
+    Returns the next step's token when the caller runs it itself (``may_chain``, and the next
+    step is due at once: ``operation_run_step``); then no message is sent for it."""
     result = outcome.result
     token = ""
     delay = 0.0
@@ -524,14 +531,15 @@ def _persist(
             Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
             if outcome.delete_proxy and updates["state"] == OperationState.SUCCEEDED:
                 Proxy.objects.filter(pk=op.proxy_id, desired_state=DesiredState.DELETED).delete()
-        chain = bool(token) and may_chain and delay == 0.0 and not _others_due(op, now)
         queued = None
-        if token and not chain and delay == 0.0 and result.status != "error":
-            # A next step that would only find its node full waits from here, with no
-            # delivery of its own (services.slots.slots_queue).
+        if token and delay == 0.0 and result.status != "error":
+            # The next step takes its slots here; one that would only find its node full waits
+            # from here, with no delivery of its own (services.slots.slots_queue), and is not
+            # run in this delivery either: the release that frees a slot runs it.
             queued = slots.slots_queue(
                 operation=op, progress=outcome.progress, token=token, now=now, held=kept
             )
+        chain = bool(token) and may_chain and delay == 0.0 and queued is None
     if chain:
         return token
     if queued is not None:
@@ -542,22 +550,6 @@ def _persist(
         state = str(updates["state"])
         transaction.on_commit(lambda: tracing.operation_span_end(op, state, now))
     return None
-
-
-def _others_due(op: Operation, now: datetime) -> bool:
-    """Whether another operation's step is due with its message out (queued or held by a
-    worker until its countdown ends): then the next step of ``op`` takes its turn through the
-    broker instead of running ahead of it. A waiter just handed a slot counts (it is due now).
-
-    Not sending the chained step's message is safe: until this delivery claims it (next, in the
-    same process), the step is due with no claim, and a worker that died in between leaves it
-    to the sweeper's overdue re-send, as any lost message."""
-    return (
-        Operation.objects.filter(state__in=ACTIVE_STATES, next_step_at__lte=now + claims.DUE_SLACK)
-        .exclude(dispatch_token="")
-        .exclude(pk=op.pk)
-        .exists()
-    )
 
 
 def _slots_to_keep(op: Operation, outcome: Outcome) -> tuple[str, ...]:

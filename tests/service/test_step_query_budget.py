@@ -30,9 +30,6 @@ POLL_BUDGET = 9
 # A poll whose next step needs no slot also gives its slot back and looks for a waiter to hand
 # it to.
 RELEASE = 2
-# A step whose next step is due at once looks whether another operation's step is due before it
-# runs that next step itself (driver._others_due): one query instead of a broker round trip.
-CHAIN_CHECK = 1
 # The start's wait that sees the VM run is the running check too (proxmox/create.py), and it
 # plans the boot's first look when the boot is known to take a while (services/runners.py): it
 # also journals the check's row, reads the image's boot estimate and, when that boot is not yet
@@ -67,21 +64,13 @@ def _releases(sql: str) -> bool:
     return sql.startswith('UPDATE "provisioning_taskslot"') and '"operation_id" = NULL' in sql
 
 
-def _chain_check(sql: str) -> bool:
-    return sql.startswith('SELECT 1 AS "a" FROM "provisioning_operation"') and (
-        '"next_step_at" <=' in sql
-    )
-
-
 def _switch_read(sql: str) -> bool:
     return sql.startswith('SELECT "provisioning_maintenancewindow"')
 
 
 def _extra(sql: list[str]) -> int:
-    """Statements a step spends on work beside its own: a slot given back, the chain's look."""
-    return (RELEASE if any(_releases(q) for q in sql) else 0) + (
-        CHAIN_CHECK if any(_chain_check(q) for q in sql) else 0
-    )
+    """Statements a step spends on work beside its own: a slot given back."""
+    return RELEASE if any(_releases(q) for q in sql) else 0
 
 
 def _stage(operation_id: str) -> str:

@@ -131,7 +131,8 @@ def test_the_delivery_that_frees_a_slot_runs_the_waiting_step_itself(
         _deliver_one(pump)
     assert clones == CAP
     assert SlotWaiter.objects.filter(pk=waiter.pk).exists()
-    while SlotWaiter.objects.exists():
+    # Until this waiter is handed its slot (others may wait for other keys meanwhile).
+    while SlotWaiter.objects.filter(pk=waiter.pk).exists():
         _deliver_one(pump)
     # In the very delivery that freed the slot, and before the waiter's own message came:
     op = Operation.objects.get(pk=waiter.operation_id)
@@ -694,8 +695,8 @@ def test_a_step_queued_while_a_slot_freed_takes_it_after_its_commit(
     slot freed in between, finding no waiter, stays free. So after its commit that step looks
     once more, as a waiting delivery does (``slots_take``), takes the free slot and sends the
     step, rather than leaving it to the sweeper's fallback a minute later."""
-    # Two creates: the first one's next step then goes through the broker (another is due),
-    # instead of running in the same delivery (driver._others_due).
+    # The step before finds the node full (below), so its next step is queued, not run in the
+    # same delivery (driver._persist).
     _creates(pump, sim, 2)
     real = slots._take_one
     missed: list[str] = []
