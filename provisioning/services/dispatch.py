@@ -40,6 +40,18 @@ INVENTORY_TASK = "proxyhub.provisioning.inventory_refresh"
 STEP_QUEUE = "provisioning"
 CONTROL_QUEUE = "control"
 
+# Which due step a worker takes first. Work under way (a Proxmox task to watch, a slot to use, a
+# boot to look at) goes before work that can wait: an operation's first step and the cleanup
+# after a create's proxy runs (the seed's release). One worker's backlog of new creates then no
+# longer stands between a task's end and its next submission, which is what keeps a node's task
+# slots full (issue 12's makespan: the first steps of 60 creates held a node idle for over a
+# second while its first clones had ended). On Redis a lower number is delivered first (kombu's
+# priority lists); the embedded broker keeps arrival order. A step that waited past the
+# sweeper's grace is sent again at the first priority (services.sweeper), so nothing waits
+# forever behind a steady stream of work under way.
+PRIORITY_UNDER_WAY = 0
+PRIORITY_CAN_WAIT = 3
+
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -65,11 +77,16 @@ TRACE_HEADER = "traceparent"
 
 
 def send_step(
-    operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+    operation_id: str,
+    token: str,
+    countdown: float = 0.0,
+    trace_parent: str = "",
+    priority: int = PRIORITY_UNDER_WAY,
 ) -> None:
     """Send the message for an operation's next step now (callers use ``send_after_commit``).
     ``trace_parent`` is the operation's reserved trace context: its steps' spans, on whichever
-    worker, become children of the operation's span."""
+    worker, become children of the operation's span. ``priority``: ``PRIORITY_UNDER_WAY`` or
+    ``PRIORITY_CAN_WAIT`` (above)."""
     from celery import current_app
 
     current_app.send_task(
@@ -78,6 +95,7 @@ def send_step(
         countdown=max(0.0, countdown),
         queue=STEP_QUEUE,
         headers={TRACE_HEADER: trace_parent} if trace_parent else None,
+        priority=priority,
     )
 
 
@@ -115,7 +133,11 @@ def warm_sender() -> threading.Thread:
 
 
 def send_after_commit(
-    operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+    operation_id: str,
+    token: str,
+    countdown: float = 0.0,
+    trace_parent: str = "",
+    priority: int = PRIORITY_UNDER_WAY,
 ) -> None:
     """Send the step once the surrounding transaction commits (at once outside a transaction).
 
@@ -125,7 +147,7 @@ def send_after_commit(
 
     def send_or_leave_to_sweeper() -> None:
         try:
-            send_step(operation_id, token, countdown, trace_parent)
+            send_step(operation_id, token, countdown, trace_parent, priority)
         except (BrokerError, OSError) as err:
             note_unsent(operation_id, err)
 

@@ -552,7 +552,13 @@ def _new_operation(**fields: Any) -> Operation:
     )
     if op.proxy_id is not None:
         Proxy.objects.filter(pk=op.proxy_id).update(generation=F("generation") + 1)
-    dispatch.send_after_commit(str(op.pk), op.dispatch_token, trace_parent=op.trace_parent)
+    # New work: it waits while steps of work under way are due (dispatch.PRIORITY_CAN_WAIT).
+    dispatch.send_after_commit(
+        str(op.pk),
+        op.dispatch_token,
+        trace_parent=op.trace_parent,
+        priority=dispatch.PRIORITY_CAN_WAIT,
+    )
     return op
 
 

@@ -287,11 +287,11 @@ def _ready(
     """The proxy is Running at ``ip``: the boot's timing is learnt and the seed released."""
     details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
     if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
-        # The boot that needed the seed is over: release it (issue 11).
+        # The boot that needed the seed is over: release it (issue 11). The address stage is
+        # done now ("done" closes its journal row: the proxy runs from here), though the
+        # operation goes on: the release is cleanup that may wait its turn (services.driver).
         progress.update(stage=SEED_RELEASE_STAGE, release=provider.new_release_progress())
-        result = StepResult(
-            "continue", progress, "address", message=f"address {ip}", details=details
-        )
+        result = StepResult("done", progress, "address", message=f"address {ip}", details=details)
         return Outcome(result, progress, observed, phase_name="address")
     result = StepResult("done", progress, "address", message=f"address {ip}", details=details)
     return Outcome(result, progress, observed, finished=True, phase_name="address")

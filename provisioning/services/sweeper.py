@@ -12,7 +12,8 @@ The broker is only a doorbell; the journal is the truth. The sweeper looks for t
   *same* token again. Whichever copy arrives first runs the step and the other finds nothing to
   do, so a queued message is never cancelled. Each further re-send of one message waits twice
   as long as the last (``redispatches``), so a backlog costs a few extra messages per
-  operation, not one per sweep.
+  operation, not one per sweep. The copy goes at the first priority
+  (``dispatch.PRIORITY_UNDER_WAY``): a step that could wait has waited long enough.
 
 It also frees the task slots (``services.slots``) a lost worker left held, and hands free slots
 to steps whose wake-up was lost.
@@ -83,7 +84,7 @@ def _expired_claims(now: datetime) -> int:
                 redispatches=0,
             )
             if updated:
-                dispatch.send_after_commit(str(pk), token)
+                dispatch.send_after_commit(str(pk), token, priority=dispatch.PRIORITY_UNDER_WAY)
                 sent += 1
     if sent:
         log.info("steps of lost deliveries sent again", extra={"count": sent})
@@ -117,7 +118,7 @@ def _overdue(now: datetime, grace: timedelta) -> int:
                 .update(dispatched_at=now, redispatches=redispatches + 1)
             )
             if updated:
-                dispatch.send_after_commit(str(pk), token)
+                dispatch.send_after_commit(str(pk), token, priority=dispatch.PRIORITY_UNDER_WAY)
                 sent += 1
     if sent:
         log.info("overdue step messages sent again", extra={"count": sent})

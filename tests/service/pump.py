@@ -4,7 +4,9 @@
 send (``services.dispatch.send_step``), waits out each countdown, and delivers them to the
 driver in due order, running on-commit callbacks as a committed transaction would. It is not a
 worker (the integration tier runs real ``celery`` workers over Redis); it makes service tests
-exact and fast. Use it by importing the fixtures: ``from pump import pump, sim  # noqa: F401``.
+exact and fast. A message's priority (``dispatch.PRIORITY_*``) is recorded, in ``sent`` too, but
+not honoured: the broker's priority order is held to on real Redis (test_step_priority).
+Use it by importing the fixtures: ``from pump import pump, sim  # noqa: F401``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from django.test import TestCase
 from provisioning.models import Cluster, MachineType, Node, Proxy, Template
 from provisioning.proxmox.api import Api, Call
 from provisioning.proxmox.budgets import Budgets
-from provisioning.services import driver
+from provisioning.services import dispatch, driver
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
@@ -153,6 +155,7 @@ class _Message:
     operation_id: str = field(compare=False)
     token: str = field(compare=False)
     trace_parent: str = field(compare=False, default="")
+    priority: int = field(compare=False, default=dispatch.PRIORITY_UNDER_WAY)
 
 
 class Pump:
@@ -160,16 +163,22 @@ class Pump:
 
     def __init__(self) -> None:
         self.queue: list[_Message] = []
+        self.sent: list[_Message] = []  # every message, in the order sent
         self.delivered = 0
         self._seq = itertools.count()
 
     def send(
-        self, operation_id: str, token: str, countdown: float = 0.0, trace_parent: str = ""
+        self,
+        operation_id: str,
+        token: str,
+        countdown: float = 0.0,
+        trace_parent: str = "",
+        priority: int = dispatch.PRIORITY_UNDER_WAY,
     ) -> None:
         due = time.monotonic() + max(0.0, countdown)
-        heapq.heappush(
-            self.queue, _Message(due, next(self._seq), operation_id, token, trace_parent)
-        )
+        message = _Message(due, next(self._seq), operation_id, token, trace_parent, priority)
+        self.sent.append(message)
+        heapq.heappush(self.queue, message)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn`` and its on-commit callbacks (the messages it sends land in the queue)."""

@@ -62,9 +62,15 @@ def redis_db(number: int) -> Iterator[Any]:
         client.close()
 
 
+# kombu's Redis transport keeps a queue's messages of priority N > 0 in a list of their own,
+# named the queue, this separator and N (kombu.transport.redis.Channel.sep).
+PRIORITY_SEP = "\x06\x16"
+
+
 def queue_messages(client: Any) -> list[dict[str, Any]]:
-    """Every message waiting in any queue (Redis list) of the database: its queue, headers,
-    properties, args and kwargs, and the raw envelope as published."""
+    """Every message waiting in any queue (Redis list) of the database: its queue, the priority
+    list it waits in (``list``, ``priority``), headers, properties, args and kwargs, and the raw
+    envelope as published."""
     found = []
     for key in client.keys("*"):
         if client.type(key) != b"list":
@@ -75,9 +81,12 @@ def queue_messages(client: Any) -> list[dict[str, Any]]:
             if envelope["properties"].get("body_encoding") == "base64":
                 body = base64.b64decode(body)
             args, kwargs, _ = json.loads(body)
+            queue, _, level = key.decode().partition(PRIORITY_SEP)
             found.append(
                 {
-                    "queue": key.decode(),
+                    "queue": queue,
+                    "list": key.decode(),
+                    "priority": int(level or 0),
                     "task": envelope["headers"].get("task"),
                     "headers": envelope["headers"],
                     "properties": envelope["properties"],

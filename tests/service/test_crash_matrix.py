@@ -634,8 +634,9 @@ def test_F11_vm_running_worker_dies_before_the_address_is_found(crash: Crash, si
 
 
 def test_F12_address_found_worker_dies_before_running_is_committed(crash: Crash, sim: Sim) -> None:
-    """F12: address found, before phase ``Running`` committed."""
-    crash.before_commit("address", "continue")
+    """F12: address found, before phase ``Running`` committed (the address stage ends
+    ``done``; the operation goes on to the seed's release)."""
+    crash.before_commit("address", "done")
     crash.create()
     death = crash.run_to_death()
     assert death.stage == "address" and death.claim_held

@@ -12,7 +12,7 @@ from pump import Pump, Sim
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import OperationKind, OperationState, Phase, StepState
-from provisioning.services import operations
+from provisioning.services import dispatch, operations
 from provisioning.services.driver import operation_run_step
 from provisioning.services.operations import IdempotencyConflict, ProxySpec
 from provisioning.services.sweeper import operations_sweep
@@ -133,17 +133,20 @@ def test_keep_seed_iso_leaves_it_attached_and_on_storage(
 def test_create_sends_its_first_step_only_after_commit(
     sim: Sim, django_capture_on_commit_callbacks: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[tuple[str, str, str]] = []
+    sent: list[tuple[str, str, str, int]] = []
     monkeypatch.setattr(
         "provisioning.services.dispatch.send_step",
-        lambda op, token, countdown=0.0, trace_parent="": sent.append((op, token, trace_parent)),
+        lambda op, token, countdown=0.0, trace_parent="", priority=0: sent.append(
+            (op, token, trace_parent, priority)
+        ),
     )
     with django_capture_on_commit_callbacks(execute=False) as callbacks:  # type: ignore[operator]
         op = operations.proxy_create(spec=_spec(sim))
     assert sent == [] and len(callbacks) == 1
     callbacks[0]()
-    # The message carries the operation's trace context (services.tracing).
-    assert sent == [(str(op.pk), op.dispatch_token, op.trace_parent)]
+    # The message carries the operation's trace context (services.tracing), and goes as new
+    # work, after steps of work under way (dispatch.PRIORITY_CAN_WAIT).
+    assert sent == [(str(op.pk), op.dispatch_token, op.trace_parent, dispatch.PRIORITY_CAN_WAIT)]
 
 
 def test_bad_placement_is_refused_and_nothing_written(sim: Sim) -> None:

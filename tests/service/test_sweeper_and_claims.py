@@ -15,7 +15,7 @@ from pump import Pump, Sim
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import OperationState, Phase
 from provisioning.schedules import SCHEDULES
-from provisioning.services import claims, operations
+from provisioning.services import claims, dispatch, operations
 from provisioning.services.clock import db_now
 from provisioning.services.operations import ProxySpec
 from provisioning.services.sweeper import operations_sweep
@@ -75,6 +75,12 @@ def test_an_overdue_step_is_sent_again_with_the_same_token(pump: Pump, sim: Sim)
     )
     assert pump.call(operations_sweep) == 1
     assert [m.token for m in pump.queue] == [token, token]
+    # The first step went as new work, which waits behind work under way; the copy goes first
+    # (dispatch.PRIORITY_*): a step that could wait has waited long enough.
+    assert [m.priority for m in pump.sent] == [
+        dispatch.PRIORITY_CAN_WAIT,
+        dispatch.PRIORITY_UNDER_WAY,
+    ]
     pump.run()
     op.refresh_from_db()
     assert op.state == OperationState.SUCCEEDED
