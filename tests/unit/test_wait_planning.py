@@ -29,9 +29,9 @@ def test_the_first_look_comes_at_the_expected_end_then_the_interval_doubles_to_t
         delay = next_wait(expected=2.0, elapsed=elapsed, cap=1.0, limit=600.0)
         delays.append(delay)
         elapsed += delay
-    # A tenth of the estimate first (long work is not looked at every 50 ms), then doubling.
-    assert delays[:4] == pytest.approx([0.2, 0.2, 0.4, 0.8])
-    assert delays[4:] == pytest.approx([1.0] * 4)  # capped by the poll interval
+    # A twentieth of the estimate first (long work is not looked at every 50 ms), then doubling.
+    assert delays[:5] == pytest.approx([0.1, 0.1, 0.2, 0.4, 0.8])
+    assert delays[5:] == pytest.approx([1.0] * 3)  # capped by the poll interval
 
 
 def test_without_an_estimate_looks_start_at_50_ms_and_grow_by_a_quarter_of_the_time_waited() -> (
@@ -99,6 +99,20 @@ def test_over_every_phase_of_a_cold_wait_the_next_two_notice_the_end_within_a_te
     lates.sort()
     assert statistics.mean(lates) <= 0.1
     assert lates[int(0.9 * len(lates))] <= 0.2
+
+
+def test_warm_waits_for_a_boot_notice_its_end_within_a_twentieth_of_it() -> None:
+    # The latency benchmark's boot takes exactly 2 s (the simulator); a right estimate drifts
+    # below it (PROBE_DOWN) until a first look finds the guest still booting, and the look after
+    # that miss decides how late the address is noticed. A tenth of the estimate after the miss
+    # noticed these boots 95 ms late on average (204 ms at the 90th percentile), with 1.33 looks
+    # each; a twentieth, 60 ms (111 ms) with 1.38 (2026-12-06).
+    rng = random.Random(6)
+    waits = _waits(2.0, 400, overhead=lambda: rng.uniform(0.015, 0.045))[20:]
+    lates = sorted(late for _, late in waits)
+    assert statistics.mean(lates) <= 0.08
+    assert lates[int(0.9 * len(lates))] <= 0.15
+    assert statistics.mean(looks for looks, _ in waits) <= 1.45
 
 
 def test_an_estimate_never_plans_a_look_past_the_wait_budget() -> None:
