@@ -72,7 +72,6 @@ from .clock import db_now
 from .journal import journal_step
 from .providers import provider_for
 from .runners import IN_PLACE_KINDS, Outcome, address_budget, run_step
-from .seeds import SEED_RELEASE_STAGE
 
 log = logging.getLogger("proxyhub.operations")
 
@@ -459,7 +458,7 @@ def _persist(
     result = outcome.result
     token = ""
     delay = 0.0
-    chain = can_wait = False
+    chain = False
     with transaction.atomic():
         if op.proxy_id is not None:
             # Lock order: the proxy row first, then its operations, as the intent services
@@ -540,20 +539,23 @@ def _persist(
             queued = slots.slots_queue(
                 operation=op, progress=outcome.progress, token=token, now=now, held=kept
             )
-        # The cleanup after a create's proxy runs can wait (dispatch.PRIORITY_CAN_WAIT): the
-        # step that enters it is neither chained nor sent ahead of work under way. Once it
-        # began it is work under way like any other (its task holds a slot of the node).
-        can_wait = (
-            outcome.progress.get("stage") == SEED_RELEASE_STAGE
-            and op.progress.get("stage") != SEED_RELEASE_STAGE
+        # Cleanup the runner says can wait (Outcome.next_can_wait) is neither chained nor sent
+        # ahead of work under way; once it began, its steps are work under way like any other.
+        chain = (
+            bool(token)
+            and may_chain
+            and delay == 0.0
+            and queued is None
+            and not outcome.next_can_wait
         )
-        chain = bool(token) and may_chain and delay == 0.0 and queued is None and not can_wait
     if chain:
         return token
     if queued is not None:
         slots.slots_queue_look(operation=op, key=queued, token=token, now=now)
     elif token:
-        priority = dispatch.PRIORITY_CAN_WAIT if can_wait else dispatch.PRIORITY_UNDER_WAY
+        priority = (
+            dispatch.PRIORITY_CAN_WAIT if outcome.next_can_wait else dispatch.PRIORITY_UNDER_WAY
+        )
         dispatch.send_after_commit(str(op.pk), token, delay, op.trace_parent, priority)
     elif finished:
         state = str(updates["state"])

@@ -77,6 +77,9 @@ class Outcome:
     passed: StepResult | None = None
     # A template build that ended: what the catalogue records (services.template_builds).
     template: dict[str, Any] | None = None
+    # The next step is cleanup nobody waits for (dispatch.PRIORITY_CAN_WAIT): not chained, and
+    # sent behind work under way (services.driver).
+    next_can_wait: bool = False
 
 
 def run_step(op: Operation, progress: dict[str, Any], now: datetime) -> Outcome:
@@ -286,15 +289,21 @@ def _ready(
 ) -> Outcome:
     """The proxy is Running at ``ip``: the boot's timing is learnt and the seed released."""
     details = {TIMING: _boot_timing(proxy, progress, waited, landed).as_dict()}
-    if op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso():
-        # The boot that needed the seed is over: release it (issue 11). The address stage is
-        # done now ("done" closes its journal row: the proxy runs from here), though the
-        # operation goes on: the release is cleanup that may wait its turn (services.driver).
+    release = op.kind in (OperationKind.CREATE, OperationKind.REPLACE) and not keep_seed_iso()
+    if release:
+        # The boot that needed the seed is over: release it (issue 11), as cleanup that waits
+        # its turn. The address stage is done either way ("done" closes its journal row: the
+        # proxy runs from here).
         progress.update(stage=SEED_RELEASE_STAGE, release=provider.new_release_progress())
-        result = StepResult("done", progress, "address", message=f"address {ip}", details=details)
-        return Outcome(result, progress, observed, phase_name="address")
     result = StepResult("done", progress, "address", message=f"address {ip}", details=details)
-    return Outcome(result, progress, observed, finished=True, phase_name="address")
+    return Outcome(
+        result,
+        progress,
+        observed,
+        finished=not release,
+        phase_name="address",
+        next_can_wait=release,
+    )
 
 
 def _address_wait(
