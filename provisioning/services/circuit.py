@@ -60,12 +60,13 @@ COSTLY_FAILURE_SECONDS = 2.0
 # its last answer is written at most every WARM_REFRESH_SECONDS.
 WARM_SECONDS = 30.0
 WARM_REFRESH_SECONDS = 10.0
-# How long a probe may take before another delivery may probe instead (its worker may have died).
-PROBE_LOST_SECONDS = 60.0
 # A verdict written from the probe's thread that meets a busy database is tried again this many
 # times, pausing 0.05 s, 0.1 s, 0.2 s ... (about 1.5 s in all) before it is given up and logged.
 VERDICT_WRITE_ATTEMPTS = 6
 VERDICT_WRITE_PAUSE_SECONDS = 0.05
+# Beyond the probe's bound and its verdict's write retries: the thread's scheduling and the writes
+# themselves. Past that, the probe's worker is taken for dead (``_probe_lost_after``).
+PROBE_LOST_GRACE_SECONDS = 1.0
 
 
 def _setting(name: str, default: float) -> float:
@@ -123,7 +124,7 @@ def circuit_admit(
         pk=cluster.pk, state=breaker.state, retry_at=breaker.retry_at
     ).update(
         state=CircuitState.HALF_OPEN,
-        retry_at=now + timedelta(seconds=PROBE_LOST_SECONDS),
+        retry_at=now + _probe_lost_after(),
         changed_at=now,
     )
     if not won:
@@ -134,6 +135,18 @@ def circuit_admit(
 def _jittered(until: datetime) -> datetime:
     """Up to a second later, so the deferred steps of a cluster do not all come back at once."""
     return until + timedelta(seconds=random.uniform(0.0, 1.0))
+
+
+def _probe_lost_after() -> timedelta:
+    """How long a half-open breaker waits for its probe's verdict before another delivery may
+    probe: as long as a probe can take to report (its bound, the verdict's write retries and a
+    grace), no longer. A worker killed mid-probe leaves nobody to write the verdict, and every
+    step of the cluster waits meanwhile; a minute here once held a delete that long after the
+    cluster answered again. A verdict that comes later all the same is still a true
+    observation: the last one written wins."""
+    retries = sum(VERDICT_WRITE_PAUSE_SECONDS * 2**n for n in range(VERDICT_WRITE_ATTEMPTS - 1))
+    bound = _setting("PROXYHUB_CIRCUIT_PROBE_SECONDS", PROBE_SECONDS)
+    return timedelta(seconds=bound + retries + PROBE_LOST_GRACE_SECONDS)
 
 
 def _probe_wait() -> timedelta:
@@ -217,13 +230,13 @@ def _record_on_probe_thread(cluster_id: int, name: str, bound: float, result: Pr
     """The verdict of a probe the delivery did not wait for, written from the probe's thread
     (with a database connection of its own, closed after).
 
-    Nobody else will write it (the breaker stays half open until ``PROBE_LOST_SECONDS``), so a
+    Nobody else will write it (the breaker stays half open until ``_probe_lost_after``), so a
     write that meets a busy database is tried again, a few times: SQLite refuses a write at once
     while another connection reads the table in shared-cache mode, and a PostgreSQL connection
     can drop. Each try wrote nothing when it raised (``_record``)."""
     if result.error is not None and not isinstance(result.error, PROBE_FAILURES):
-        # A bug, not the cluster: the breaker stays half open until PROBE_LOST_SECONDS pass
-        # and another delivery probes again.
+        # A bug, not the cluster: the breaker stays half open until _probe_lost_after has
+        # passed and another delivery probes again.
         log.error("circuit probe broke", exc_info=result.error, extra={"cluster": name})
         return
     try:
@@ -249,7 +262,7 @@ def _mark_probing(cluster_id: int) -> None:
     _ensure_row(cluster_id)
     CircuitBreaker.objects.filter(pk=cluster_id, state=CircuitState.CLOSED).update(
         state=CircuitState.HALF_OPEN,
-        retry_at=now + timedelta(seconds=PROBE_LOST_SECONDS),
+        retry_at=now + _probe_lost_after(),
         changed_at=now,
     )
 

@@ -23,7 +23,7 @@ from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.deadline import effective
 from provisioning.proxmox.errors import ConnectFailed, RequestTimeout
 from provisioning.services import circuit, operations
-from provisioning.services.circuit_probe import ProbeResult
+from provisioning.services.circuit_probe import ProbeResult, ProbeRun
 from provisioning.services.clock import db_now
 from provisioning.services.driver import operation_run_step
 from provisioning.services.operations import ProxySpec
@@ -464,3 +464,66 @@ def test_a_probe_verdict_that_meets_a_busy_breaker_row_is_recorded_once_the_row_
     breaker = CircuitBreaker.objects.get(pk=cluster.pk)
     assert breaker.state == CircuitState.OPEN
     assert breaker.failures == 1 and breaker.times_opened == 0
+
+
+class WorkerDied(BaseException):
+    """The worker process died here (nothing in proxyhub catches a ``BaseException``)."""
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("lost", ["with its delivery", "after the hand-off"])
+def test_a_probe_lost_with_its_worker_holds_the_clusters_steps_for_the_probes_bound_not_a_minute(
+    pump: Pump,
+    sim: Sim,
+    dead: tuple[Cluster, Unreachable],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: str,
+) -> None:
+    """A worker killed while its probe was out leaves the breaker half open with nobody to write
+    the verdict. The cluster's other steps wait for the verdict of a probe, so they must not
+    wait longer than a probe can take (its bound, the verdict's write retries and a grace): the
+    control-loop search once saw a delete wait out a whole minute after such a kill, though the
+    cluster had answered again all along.
+
+    ``with its delivery``: the breaker was open and this delivery won the probe; the worker dies
+    during the probe's request. ``after the hand-off``: a cold cluster's probe outlived the
+    delivery's wait and went on on its thread; the process dies before it reports."""
+    cluster, gone = dead
+    settings.PROXYHUB_CIRCUIT_PROBE_SECONDS = 0.3
+    handing_off = ProbeRun.hand_off
+    if lost == "with its delivery":
+        _open_breaker(cluster, times_opened=1, last_error="GET /version: connection refused")
+        CircuitBreaker.objects.filter(pk=cluster.pk).update(retry_at=db_now())
+
+        def dies(call: Call, *, deadline: Any) -> Any:
+            raise WorkerDied(call.path)
+
+        gone.send = dies  # type: ignore[method-assign]
+    else:
+        settings.PROXYHUB_CIRCUIT_PROBE_WAIT_SECONDS = 0.05
+        gone.send = SlowButAlive(gone.inner, delay=0.2).send  # type: ignore[method-assign]
+        # The process dies with the probe's thread: no verdict is ever written.
+        monkeypatch.setattr(ProbeRun, "hand_off", lambda self, then: None)
+    orphan = pump.call(operations.proxy_create, spec=_spec(cluster, "orphan"))
+    waiting = pump.call(operations.proxy_create, spec=_spec(cluster, "waiting"))
+    by_op = {m.operation_id: m for m in pump.queue}
+    pump.queue.clear()
+    message = by_op[str(orphan.pk)]
+    if lost == "with its delivery":
+        with pytest.raises(WorkerDied):
+            pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+    else:
+        pump.call(operation_run_step, operation_id=message.operation_id, token=message.token)
+        monkeypatch.setattr(ProbeRun, "hand_off", handing_off)
+    breaker = CircuitBreaker.objects.get(pk=cluster.pk)
+    assert breaker.state == CircuitState.HALF_OPEN and breaker.retry_at is not None
+    held = (breaker.retry_at - breaker.changed_at).total_seconds()
+    assert held < 3.0, f"a lost probe holds the cluster {held:.1f} s"
+    # The cluster answers again; its other step runs once the lost probe's time has passed.
+    gone.send = gone.inner.send  # type: ignore[method-assign]
+    pump.queue.append(by_op[str(waiting.pk)])
+    pump.run(timeout=15)
+    waiting.refresh_from_db()
+    assert waiting.state == OperationState.SUCCEEDED, waiting.last_error
+    assert CircuitBreaker.objects.get(pk=cluster.pk).state == CircuitState.CLOSED
