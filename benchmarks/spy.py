@@ -69,14 +69,30 @@ def function_of(frame: str) -> str:
     return f"{path}:{name}"
 
 
+def started_thread(sample: Sample) -> bool:
+    """Whether the stack is a thread's the process started (``threading.Thread``) rather than its
+    main thread's. The pool process runs its steps on the main thread; its other threads (the
+    lease renewer, the Proxmox calls' executor) mostly wait, and py-spy counts a timed wait as
+    busy: in one profile of latency runs they held half of the pool's samples."""
+    return any("_bootstrap (" in frame and "threading.py" in frame for frame in sample.frames)
+
+
 def own_shares(samples: Iterable[Sample], *, pid: int, top: int = 40) -> dict[str, Any]:
-    """For process ``pid``: its busy samples and, for the ``top`` functions of proxyhub's code,
-    the share of them spent in the function or below it."""
+    """For process ``pid``'s main thread: its busy samples and, for the ``top`` functions of
+    proxyhub's code, the share of them spent in the function or below it; ``steps``: where a
+    step's time goes (``step_parts``). Samples of its other threads are counted apart
+    (``otherThreadSamples``), not in the shares."""
     total = 0
+    others = 0
     inclusive: Counter[str] = Counter()
+    mine: list[Sample] = []
     for sample in samples:
         if sample.pid != pid:
             continue
+        if started_thread(sample):
+            others += sample.count
+            continue
+        mine.append(sample)
         total += sample.count
         seen = set()
         for frame in sample.frames:
@@ -88,9 +104,35 @@ def own_shares(samples: Iterable[Sample], *, pid: int, top: int = 40) -> dict[st
                 inclusive[key] += sample.count
     return {
         "samples": total,
+        "otherThreadSamples": others,
         "shares": {key: round(n / total, 4) for key, n in inclusive.most_common(top)}
         if total
         else {},
+        "steps": step_parts(mine),
+    }
+
+
+# A step, as the driver runs it: everything below one call of this function.
+STEP = "provisioning/services/driver.py:_run_one"
+
+
+def step_parts(samples: Iterable[Sample], *, top: int = 15) -> dict[str, Any]:
+    """Where a step's time goes: the samples inside ``STEP`` by the function it called (the
+    operation's read, the claim, the attempt, the journal's transaction ...), each as a share
+    of them. A function of Django's or Celery's called from the step itself counts under its
+    own name (``QuerySet.get`` is the operation's read)."""
+    total = 0
+    parts: Counter[str] = Counter()
+    for sample in samples:
+        functions = [function_of(frame) for frame in sample.frames]
+        if STEP not in functions:
+            continue
+        total += sample.count
+        below = functions[functions.index(STEP) + 1 :]
+        parts[below[0] if below else STEP] += sample.count
+    return {
+        "samples": total,
+        "parts": {key: round(n / total, 4) for key, n in parts.most_common(top)} if total else {},
     }
 
 

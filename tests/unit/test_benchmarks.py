@@ -393,20 +393,56 @@ _RAW = [
     'process 10:"celery worker";process 11:"celery worker";main (celery/bin.py:1);'
     "receive (billiard/pool.py:534) 1",
     'process 10:"celery worker";loop (kombu/asynchronous/hub.py:373) 7',
+    # The pool's lease renewer, waiting: a thread the process started, not its main thread.
+    'process 10:"celery worker";process 11:"celery worker";'
+    "Thread._bootstrap (/usr/lib/python3.11/threading.py:995);"
+    "_Renewer._run (provisioning/services/heartbeat.py:70);"
+    "Condition.wait (/usr/lib/python3.11/threading.py:331) 20",
     "not a stack line",
 ]
 
 
 def test_the_profile_counts_each_own_function_once_per_sample_in_the_pool_process() -> None:
     samples = spy.parse(_RAW)
-    assert [(s.pid, s.count) for s in samples] == [(11, 6), (11, 3), (11, 1), (10, 7)]
+    assert [(s.pid, s.count) for s in samples] == [(11, 6), (11, 3), (11, 1), (10, 7), (11, 20)]
     assert spy.busiest_child(samples, parent=10) == 11
     summary = spy.own_shares(samples, pid=11)
+    # The renewer's waiting thread is counted apart: the shares are the main thread's, which
+    # runs the steps (it was half of a latency profile's samples, all of them waits).
     assert summary["samples"] == 10
+    assert summary["otherThreadSamples"] == 20
     # Two lines of _run_one in one stack count its samples once; Celery's and Django's frames
     # are not proxyhub's and are not listed.
     assert summary["shares"] == {
         "provisioning/tasks.py:run_step": 0.9,
         "provisioning/services/driver.py:_run_one": 0.9,
     }
-    assert spy.own_shares(samples, pid=99) == {"samples": 0, "shares": {}}
+    assert spy.own_shares(samples, pid=99) == {
+        "samples": 0,
+        "otherThreadSamples": 0,
+        "shares": {},
+        "steps": {"samples": 0, "parts": {}},
+    }
+
+
+def test_a_steps_time_is_told_by_the_function_the_step_called() -> None:
+    """Below ``driver._run_one``: Django's read of the operation counts as itself, and a
+    sample in the step's own lines as the step; samples outside any step are left out."""
+    raw = [
+        'process 11:"w";main (celery/bin.py:1);_run_one (provisioning/services/driver.py:180);'
+        "get (django/db/models/query.py:611);execute (django/db/backends/utils.py:79) 3",
+        'process 11:"w";main (celery/bin.py:1);_run_one (provisioning/services/driver.py:180);'
+        "_persist (provisioning/services/driver.py:470);"
+        "journal_step (provisioning/services/journal.py:30) 5",
+        'process 11:"w";main (celery/bin.py:1);_run_one (provisioning/services/driver.py:190) 2',
+        'process 11:"w";main (celery/bin.py:1);receive (billiard/pool.py:534) 10',
+    ]
+    steps = spy.step_parts(spy.parse(raw))
+    assert steps == {
+        "samples": 10,
+        "parts": {
+            "provisioning/services/driver.py:_persist": 0.5,
+            "django/db/models/query.py:get": 0.3,
+            "provisioning/services/driver.py:_run_one": 0.2,
+        },
+    }
