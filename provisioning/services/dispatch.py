@@ -104,24 +104,35 @@ def send_step(
 
 
 def warm_sender() -> threading.Thread:
-    """Ready this process's producer for the sends to come, in a thread of its own, while the
-    caller goes on (checking input, writing the operations); returns the thread.
+    """Ready this process's sender for the sends to come; returns the thread that opens the
+    broker's connection while the caller goes on (checking input, writing the operations).
 
-    A fresh process's first publish imports the broker transport and its client library and
-    opens the connection: 68 ms measured on the Redis broker (52 ms of it imports), all of it
-    after commit, while the operation sits due with no message. A management command is such a
-    process every time (issue 12's latency: the step began 0.1 s after the request, 0.07 s of it
-    this). Long-lived processes (the admin's, the workers') pay it once. A warm-up that fails
-    (the broker is down) changes nothing: the send after commit meets the same error and
-    reports it (``send_after_commit``).
+    A fresh process's first publish imports the broker's transport and its client library,
+    builds Celery's task sender (which imports its events module) and looks up the result
+    backend (an ``AsyncResult`` is made even with ``ignore_result``), then opens the connection.
+    A management command is such a process every time (issue 12's latency). The imports and the
+    building are done here, before the caller writes anything: they hold the interpreter, so in
+    a thread they only raced the command's own work and were still going at its commit, the
+    operation sitting due with no message for 126-140 ms (four ``proxies create`` runs on the
+    Redis broker); done first, 8-10 ms, and the whole command was shorter too (79-119 ms from
+    Django's setup to its end against 161-184). Only the connection, which waits on the
+    network, is left to the thread. A warm-up that fails (the broker is down) changes nothing:
+    the send after commit meets the same error and reports it (``send_after_commit``).
     """
 
     from celery import current_app
 
     # The caller's app, the one its sends will use (Celery's current app is per thread).
     app = current_app._get_current_object()
+    try:
+        with app.connection_for_write() as connection:
+            connection.get_transport_cls()  # imports the transport; opens nothing
+        _ = app.amqp.send_task_message
+        _ = app.backend
+    except Exception as err:  # a warm-up never fails its caller
+        log.debug("broker warm-up failed", extra={"error": type(err).__name__})
 
-    def warm() -> None:
+    def connect() -> None:
         try:
             with app.producer_pool.acquire(block=True) as producer:
                 # The default channel is the one a publish uses; opening it opens the socket
@@ -131,7 +142,7 @@ def warm_sender() -> threading.Thread:
         except Exception as err:  # a warm-up never fails its caller
             log.debug("broker warm-up failed", extra={"error": type(err).__name__})
 
-    thread = threading.Thread(target=warm, name="proxyhub-warm-sender", daemon=True)
+    thread = threading.Thread(target=connect, name="proxyhub-warm-sender", daemon=True)
     thread.start()
     return thread
 

@@ -1,19 +1,26 @@
-"""A command readies the broker while it checks its input (``dispatch.warm_sender``, issue 12).
+"""A command readies the broker before it writes (``dispatch.warm_sender``, issue 12).
 
-A fresh process's first publish imported the broker transport and opened its connection after
-the operation had committed, so every ``proxies`` command left its first step due with no
-message for 70 ms. The warm-up runs beside the command; these tests hold it to what it must do
-on the real Redis of the test machine: leave a connected producer behind, keep the command's
-message as it was, and change nothing (no error, no warning) when the broker is down.
+A fresh process's first publish imported the broker transport, built Celery's task sender and
+opened its connection after the operation had committed, and the first full collection of
+Django's setup came due there too, so every ``proxies`` command left its first step due with no
+message for 70-140 ms. These tests hold the warm-up to what it must do on the real Redis of the
+test machine: do the first send's imports before it returns, leave a connected producer behind,
+keep the command's message as it was, and change nothing (no error, no warning) when the broker
+is down; and a command line's run keeps its setup out of the collector.
 """
 
 from __future__ import annotations
 
+import gc
 import io
+import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,6 +52,74 @@ def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     seen: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: seen.append(args.exc_value))
     return seen
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A fresh process, as a management command is: the warm-up, then its first send. It prints the
+# modules that send still had to import.
+FIRST_SEND = """
+import json, sys
+import django
+django.setup()
+from provisioning.services import dispatch
+warm = dispatch.warm_sender()
+warm.join(30)
+before = set(sys.modules)
+dispatch.send_step("00000000-0000-4000-8000-000000000001", "first", 0.0)
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+# A command line's run of ``proxies`` (its --help: no database needed), then the collector's
+# frozen count.
+COMMAND_LINE = """
+import gc
+import django
+django.setup()
+from provisioning.management.commands.proxies import Command
+try:
+    Command().run_from_argv(["manage.py", "proxies", "--help"])
+except SystemExit:
+    pass
+print(gc.get_freeze_count())
+"""
+
+
+def _child(script: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_fresh_process_does_its_first_sends_imports_before_it_writes(
+    live_queue: Any, prod_env: dict[str, str]
+) -> None:
+    """Done in the warm-up's thread, they raced the command's own work and were still going at
+    its commit: its first step sat due with no message for 126-140 ms (services/dispatch.py)."""
+    imported = json.loads(_child(FIRST_SEND, {**prod_env, "REDIS_URL": LIVE_BROKER}))
+    assert imported == []
+    steps = [m for m in queue_messages(live_queue) if m["queue"] == dispatch.STEP_QUEUE]
+    assert [m["kwargs"]["token"] for m in steps] == ["first"]
+
+
+def test_a_command_line_run_keeps_its_setup_out_of_the_collector(
+    prod_env: dict[str, str],
+) -> None:
+    """The first full collection after Django's setup took about 50 ms and came due between an
+    operation's commit and its step's publish; a command line's process freezes what its setup
+    made. A command called in a long-lived process (call_command) leaves the collector alone."""
+    assert int(_child(COMMAND_LINE, prod_env)) > 0
+    frozen = gc.get_freeze_count()
+    call_command("proxies", "list", stdout=io.StringIO())
+    assert gc.get_freeze_count() == frozen
 
 
 def _closed_port() -> int:
