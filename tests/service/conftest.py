@@ -99,6 +99,17 @@ def manage() -> Callable[..., subprocess.CompletedProcess[str]]:
 
 
 @pytest.fixture
+def python() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``python(env, "-c", SCRIPT)`` runs the interpreter in a child with exactly ``env`` (a
+    fresh process, as a management command or a worker is)."""
+
+    def run(env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        return _run(list(args), env, timeout=60)
+
+    return run
+
+
+@pytest.fixture
 def probe() -> Callable[..., list[dict[str, Any]]]:
     """``probe(env, "/readyz")`` GETs paths in a child with exactly ``env``; one dict per path."""
 

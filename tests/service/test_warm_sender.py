@@ -17,10 +17,8 @@ import json
 import logging
 import socket
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -54,8 +52,6 @@ def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     return seen
 
 
-REPO = Path(__file__).resolve().parents[2]
-
 # A fresh process, as a management command is: the warm-up, then its first send. It prints the
 # modules that send still had to import.
 FIRST_SEND = """
@@ -85,38 +81,30 @@ print(gc.get_freeze_count())
 """
 
 
-def _child(script: str, env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def _last_line(done: subprocess.CompletedProcess[str]) -> str:
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip().splitlines()[-1]
 
 
 def test_a_fresh_process_does_its_first_sends_imports_before_it_writes(
-    live_queue: Any, prod_env: dict[str, str]
+    live_queue: Any, prod_env: dict[str, str], python: Callable[..., Any]
 ) -> None:
     """Done in the warm-up's thread, they raced the command's own work and were still going at
     its commit: its first step sat due with no message for 126-140 ms (services/dispatch.py)."""
-    imported = json.loads(_child(FIRST_SEND, {**prod_env, "REDIS_URL": LIVE_BROKER}))
+    done = python({**prod_env, "REDIS_URL": LIVE_BROKER}, "-c", FIRST_SEND)
+    imported = json.loads(_last_line(done))
     assert imported == []
     steps = [m for m in queue_messages(live_queue) if m["queue"] == dispatch.STEP_QUEUE]
     assert [m["kwargs"]["token"] for m in steps] == ["first"]
 
 
 def test_a_command_line_run_keeps_its_setup_out_of_the_collector(
-    prod_env: dict[str, str],
+    prod_env: dict[str, str], python: Callable[..., Any]
 ) -> None:
     """The first full collection after Django's setup took about 50 ms and came due between an
     operation's commit and its step's publish; a command line's process freezes what its setup
     made. A command called in a long-lived process (call_command) leaves the collector alone."""
-    assert int(_child(COMMAND_LINE, prod_env)) > 0
+    assert int(_last_line(python(prod_env, "-c", COMMAND_LINE))) > 0
     frozen = gc.get_freeze_count()
     call_command("proxies", "list", stdout=io.StringIO())
     assert gc.get_freeze_count() == frozen
