@@ -124,27 +124,34 @@ def warm_sender() -> threading.Thread:
 
     # The caller's app, the one its sends will use (Celery's current app is per thread).
     app = current_app._get_current_object()
-    try:
+
+    def build() -> None:
         with app.connection_for_write() as connection:
             connection.get_transport_cls()  # imports the transport; opens nothing
         _ = app.amqp.send_task_message
         _ = app.backend
-    except Exception as err:  # a warm-up never fails its caller
-        log.debug("broker warm-up failed", extra={"error": type(err).__name__})
 
     def connect() -> None:
-        try:
-            with app.producer_pool.acquire(block=True) as producer:
-                # The default channel is the one a publish uses; opening it opens the socket
-                # (kombu's Redis channel pings on creation).
-                producer.connection.ensure_connection(max_retries=1)
-                _ = producer.connection.default_channel
-        except Exception as err:  # a warm-up never fails its caller
-            log.debug("broker warm-up failed", extra={"error": type(err).__name__})
+        with app.producer_pool.acquire(block=True) as producer:
+            # The default channel is the one a publish uses; opening it opens the socket
+            # (kombu's Redis channel pings on creation).
+            producer.connection.ensure_connection(max_retries=1)
+            _ = producer.connection.default_channel
 
-    thread = threading.Thread(target=connect, name="proxyhub-warm-sender", daemon=True)
+    _quietly(build)
+    thread = threading.Thread(
+        target=_quietly, args=(connect,), name="proxyhub-warm-sender", daemon=True
+    )
     thread.start()
     return thread
+
+
+def _quietly(warm: Callable[[], None]) -> None:
+    """Run one part of the warm-up; a warm-up never fails its caller (``warm_sender``)."""
+    try:
+        warm()
+    except Exception as err:
+        log.debug("broker warm-up failed", extra={"error": type(err).__name__})
 
 
 def send_after_commit(
