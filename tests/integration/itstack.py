@@ -31,12 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import requests
 
 from provisioning.proxmox.seed import parse_seed_name
+from tests.support import redis_claim
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().with_name("probe.py")
@@ -264,17 +265,15 @@ class Services:
 
     Several runs of this tier may share one machine (a developer's and CI's, or two helpers'),
     and two runs on one Redis database would take each other's step messages. So unless
-    ``PROXYHUB_IT_REDIS_DB`` names one, a run claims a database of its own: an empty one, or
-    one whose owner key names a process that no longer exists, and marks it with its own key.
+    ``PROXYHUB_IT_REDIS_DB`` names one, a run claims a database of its own
+    (``tests/support/redis_claim``), as the service tests that publish for real do.
     """
 
     pg_admin: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     pg_url_base: str = "postgres://postgres@127.0.0.1:5432"
     redis_base: str = "redis://127.0.0.1:6379"
     redis_db: int | None = None
-    candidates: tuple[int, ...] = tuple(range(13, 0, -1))
-
-    OWNER_KEY = "proxyhub-integration-owner"
+    candidates: tuple[int, ...] = redis_claim.CANDIDATES
 
     @classmethod
     def from_env(cls) -> Services:
@@ -310,49 +309,19 @@ class Services:
         return None
 
     def claim_redis_db(self) -> int:
-        """Claim a Redis database for this process and empty it (see the class docstring)."""
-        import redis
-
-        me = f"{os.uname().nodename}:{os.getpid()}"
-        for db in (self.redis_db,) if self.redis_db is not None else self.candidates:
-            client = redis.Redis.from_url(f"{self.redis_base}/{db}", socket_connect_timeout=3)
-            try:
-                if self._claim(client, me, forced=self.redis_db is not None):
-                    self.redis_db = db
-                    return db
-            finally:
-                client.close()
-        raise StackError("no free Redis database; set PROXYHUB_IT_REDIS_DB to one to use")
-
-    def _claim(self, client: Any, me: str, *, forced: bool) -> bool:
-        import redis
-
-        with client.pipeline() as pipe:
-            try:
-                pipe.watch(self.OWNER_KEY)  # another run claiming at the same moment aborts us
-                owner = cast("bytes | None", pipe.get(self.OWNER_KEY))
-                if owner is not None and _owner_alive(owner.decode()):
-                    return False
-                if owner is None and pipe.dbsize() and not forced:
-                    return False  # somebody else's data
-                pipe.multi()
-                pipe.set(self.OWNER_KEY, me)
-                pipe.execute()
-            except redis.WatchError:
-                return False
-        for key in client.scan_iter(count=1000):
-            if key != self.OWNER_KEY.encode():
-                client.delete(key)
-        return True
+        """Claim a Redis database for this process and empty it (tests/support/redis_claim)."""
+        candidates = (self.redis_db,) if self.redis_db is not None else self.candidates
+        try:
+            self.redis_db = redis_claim.claim(
+                self.redis_base, candidates, forced=self.redis_db is not None
+            )
+        except redis_claim.NoFreeDatabase as err:
+            raise StackError(f"{err}; set PROXYHUB_IT_REDIS_DB to one to use") from err
+        return self.redis_db
 
     def release_redis_db(self) -> None:
-        import redis
-
-        if self.redis_db is None:
-            return
-        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=3)
-        client.flushdb()
-        client.close()
+        if self.redis_db is not None:
+            redis_claim.release(self.redis_base, self.redis_db)
 
     def create_database(self, name: str) -> str:
         import psycopg
@@ -373,20 +342,6 @@ class Services:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
-
-
-def _owner_alive(owner: str) -> bool:
-    """Whether ``host:pid`` is a live process (an owner on another host counts as alive)."""
-    host, _, pid = owner.rpartition(":")
-    if host != os.uname().nodename or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- processes --------------------------------------------------------------------------------

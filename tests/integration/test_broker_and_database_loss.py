@@ -21,7 +21,6 @@ tier alone). The server is restarted in ``finally`` if it is not answering.
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import threading
 import time
@@ -36,7 +35,9 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 import redis
-from itstack import CLONE, Beat, Services, Stack, Worker, _owner_alive, wait_until
+from itstack import CLONE, Beat, Services, Stack, Worker, wait_until
+
+from tests.support import redis_claim
 
 pytestmark = pytest.mark.integration
 
@@ -212,8 +213,8 @@ def _other_redis_user(ours: int) -> str | None:
         if db == ours:
             continue
         with redis.Redis(host="127.0.0.1", port=6379, db=db, socket_connect_timeout=3) as other:
-            owner = cast("bytes | None", other.get(Services.OWNER_KEY))
-        if owner is not None and _owner_alive(owner.decode()):
+            owner = cast("bytes | None", other.get(redis_claim.OWNER_KEY))
+        if owner is not None and redis_claim.owner_alive(owner.decode()):
             return f"Redis database {db} is claimed by {owner.decode()}"
     with redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=3) as client:
         me = cast("int", client.client_id())
@@ -245,7 +246,7 @@ def _redis_restarted_empty(stack: Stack) -> Iterator[None]:
         # No assertion that the database is empty: the workers' reconnect declares the queues at
         # once. Nothing survives anyway, the server runs without RDB or AOF (--save "").
         client = redis.Redis.from_url(stack.env["REDIS_URL"])
-        client.set(Services.OWNER_KEY, f"{os.uname().nodename}:{os.getpid()}")
+        client.set(redis_claim.OWNER_KEY, redis_claim.me())
         client.close()
         yield
     finally:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pump import pump, sim  # noqa: F401  (the service tests' simulator and message pump)
+from redis_broker import claimed_database, emptied
 
 REPO = Path(__file__).resolve().parents[2]
 # A key that satisfies security.W009 (50+ characters, 5+ distinct, no "django-insecure-").
@@ -120,6 +121,19 @@ def probe() -> Callable[..., list[dict[str, Any]]]:
         return json.loads(line.removeprefix("PROBE "))
 
     return run
+
+
+@pytest.fixture(scope="session")
+def live_broker() -> Iterator[str]:
+    """The URL of this run's own Redis database (redis_broker.claimed_database), for the tests
+    that must see what is really published; claimed on first use."""
+    yield from claimed_database()
+
+
+@pytest.fixture
+def live_queue(live_broker: str) -> Iterator[Any]:
+    """A client of ``live_broker``'s database, emptied before and after the test."""
+    yield from emptied(live_broker)
 
 
 @pytest.fixture

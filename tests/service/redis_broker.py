@@ -21,6 +21,7 @@ from celery import _state as celery_state
 from django.conf import settings
 
 from proxyhub.settings.base import redis_transport_options
+from tests.support import redis_claim
 
 REDIS_HOST = "redis://127.0.0.1:6379"
 
@@ -45,20 +46,34 @@ def broker(url: str) -> Iterator[Celery]:
         app.close()
 
 
-def redis_db(number: int) -> Iterator[Any]:
-    """A flushed Redis database of the local server (skips the test without one); flushed
-    again afterwards. Use as a generator fixture body: ``yield from redis_db(15)``."""
+def claimed_database() -> Iterator[str]:
+    """The URL of a Redis database of the local server this run claimed for itself
+    (``tests/support/redis_claim``: the SQLite and PostgreSQL runs of this tier and the
+    integration tier run side by side), released at the end; skips without a server. Use as a
+    session fixture's body: ``yield from claimed_database()``."""
     redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(f"{REDIS_HOST}/{number}")
     try:
-        client.ping()
+        redis.Redis.from_url(f"{REDIS_HOST}/0", socket_connect_timeout=3).ping()
     except redis.exceptions.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
-    client.flushdb()
+    number = redis_claim.claim(REDIS_HOST)
+    try:
+        yield f"{REDIS_HOST}/{number}"
+    finally:
+        redis_claim.release(REDIS_HOST, number)
+
+
+def emptied(url: str) -> Iterator[Any]:
+    """A client of the claimed database at ``url``, emptied before and after the test (the
+    claim stays). Use as a fixture's body: ``yield from emptied(live_broker)``."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    redis_claim.empty(client)
     try:
         yield client
     finally:
-        client.flushdb()
+        redis_claim.empty(client)
         client.close()
 
 

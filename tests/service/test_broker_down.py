@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from pump import make_cluster
-from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
+from redis_broker import broker, queue_messages
 from test_admin_support import PROXY_LIST, People, changelist_post, people_fixture  # noqa: F401
 
 from provisioning.models import Operation, Proxy
@@ -29,10 +28,6 @@ from provisioning.services.sweeper import operations_sweep
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-# 15 and 14 (the canaries) lie outside the databases the integration tier claims (13 down to 1,
-# tests/integration/itstack.py), which make test runs beside this tier.
-REDIS_DB = 15
-LIVE_BROKER = f"{REDIS_HOST}/{REDIS_DB}"
 UNREACHABLE = "The task queue is unreachable"
 
 
@@ -40,11 +35,6 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def live_queue() -> Iterator[Any]:
-    yield from redis_db(REDIS_DB)
 
 
 def _step_messages(queue: Any) -> list[dict[str, Any]]:
@@ -61,7 +51,7 @@ def _page_messages(client: Any, response: Any) -> str:
 
 
 def test_admin_work_is_recorded_shown_as_waiting_and_sent_by_the_sweeper(
-    people: People, live_queue: Any, caplog: pytest.LogCaptureFixture
+    people: People, live_broker: str, live_queue: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster = make_cluster()
     standing = Proxy.objects.create(
@@ -111,7 +101,7 @@ def test_admin_work_is_recorded_shown_as_waiting_and_sent_by_the_sweeper(
     assert queue_messages(live_queue) == []
 
     # The broker is back: the sweeper sends both steps, with the tokens the journal holds.
-    with broker(LIVE_BROKER):
+    with broker(live_broker):
         assert operations_sweep(grace=timedelta(0)) == 2
     sent = {m["operation_id"]: m for m in _step_messages(live_queue)}
     assert set(sent) == {str(create.pk), str(delete.pk)}
@@ -125,11 +115,11 @@ def test_admin_work_is_recorded_shown_as_waiting_and_sent_by_the_sweeper(
 
 
 def test_a_reachable_broker_gets_the_step_and_the_page_says_nothing_of_it(
-    people: People, live_queue: Any
+    people: People, live_broker: str, live_queue: Any
 ) -> None:
     cluster = make_cluster()
     client = people.client("superuser")
-    with broker(LIVE_BROKER):
+    with broker(live_broker):
         added = client.post(
             f"{PROXY_LIST}add/",
             {

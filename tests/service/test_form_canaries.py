@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,7 +35,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client
 from django.urls import path
 from pump import Sim
-from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
+from redis_broker import broker, queue_messages
 from test_admin_bulk import _hidden
 from test_admin_support import (
     PROXY_LIST,
@@ -52,7 +51,6 @@ from proxyhub.urls import urlpatterns as production_urls
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__), pytest.mark.timeout(240)]
 
-REDIS_DB = 14
 BULK = f"{PROXY_LIST}bulk-create/"
 CLUSTERS = "/admin/provisioning/cluster/"
 PROXY_ACTIONS = (
@@ -88,11 +86,6 @@ def raising_view(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [path("boom/", raising_view), *production_urls]
-
-
-@pytest.fixture
-def published() -> Iterator[Any]:
-    yield from redis_db(REDIS_DB)
 
 
 class Console:
@@ -318,7 +311,8 @@ def _all_loggers_at_debug(caplog: pytest.LogCaptureFixture) -> None:
 def test_a_canary_posted_through_every_form_is_found_nowhere(
     sim: Sim,
     people: People,
-    published: Any,
+    live_broker: str,
+    live_queue: Any,
     caplog: pytest.LogCaptureFixture,
     settings: Any,
 ) -> None:
@@ -326,9 +320,9 @@ def test_a_canary_posted_through_every_form_is_found_nowhere(
     _all_loggers_at_debug(caplog)
     console = Console(people.client("superuser"))
     console.client.raise_request_exception = False
-    with broker(f"{REDIS_HOST}/{REDIS_DB}"):
+    with broker(live_broker):
         posted = _post_everything(console, Client(), sim)
-    messages = queue_messages(published)
+    messages = queue_messages(live_queue)
 
     assert len(posted) > 40
     # The posts did reach the queue and the database, so the searches below look at real data.

@@ -10,26 +10,17 @@ the real Redis broker to that order and the services to what they send.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kombu import pools
 from pump import Pump, Sim, proxy_spec
-from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
+from redis_broker import broker, queue_messages
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import OperationState, Phase, StepState
 from provisioning.services import dispatch, operations
 from provisioning.services.seeds import SEED_RELEASE_STAGE
-
-# A Redis database of test_warm_sender's kind: outside those the integration tier claims.
-REDIS_DB = 15
-
-
-@pytest.fixture
-def live_queue() -> Iterator[Any]:
-    yield from redis_db(REDIS_DB)
 
 
 def _next_on_the_queue(app: Any) -> str:
@@ -42,9 +33,11 @@ def _next_on_the_queue(app: Any) -> str:
         return str(kwargs["operation_id"])
 
 
-def test_a_step_under_way_is_delivered_before_new_work_sent_earlier(live_queue: Any) -> None:
+def test_a_step_under_way_is_delivered_before_new_work_sent_earlier(
+    live_broker: str, live_queue: Any
+) -> None:
     pools.reset()  # kombu's pools are global, by URL: drop what earlier tests opened
-    with broker(f"{REDIS_HOST}/{REDIS_DB}") as app:
+    with broker(live_broker) as app:
         for n in range(3):
             dispatch.send_step(f"new-{n}", "t", priority=dispatch.PRIORITY_CAN_WAIT)
         dispatch.send_step("under-way", "t")

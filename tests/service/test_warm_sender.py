@@ -18,30 +18,19 @@ import logging
 import socket
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.core.management import call_command
 from kombu import pools
 from pump import make_cluster
-from redis_broker import REDIS_HOST, broker, queue_messages, redis_db
+from redis_broker import broker, queue_messages
 
 from provisioning.models import Operation
 from provisioning.services import dispatch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
-
-# test_broker_down's database: outside those the integration tier claims (13 down to 1), which
-# may run beside this tier; the fixture flushes it before and after, and this tier runs its tests
-# one at a time.
-REDIS_DB = 15
-LIVE_BROKER = f"{REDIS_HOST}/{REDIS_DB}"
-
-
-@pytest.fixture
-def live_queue() -> Iterator[Any]:
-    yield from redis_db(REDIS_DB)
 
 
 @pytest.fixture
@@ -87,11 +76,11 @@ def _last_line(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_a_fresh_process_does_its_first_sends_imports_before_it_writes(
-    live_queue: Any, prod_env: dict[str, str], python: Callable[..., Any]
+    live_broker: str, live_queue: Any, prod_env: dict[str, str], python: Callable[..., Any]
 ) -> None:
     """Done in the warm-up's thread, they raced the command's own work and were still going at
     its commit: its first step sat due with no message for 126-140 ms (services/dispatch.py)."""
-    done = python({**prod_env, "REDIS_URL": LIVE_BROKER}, "-c", FIRST_SEND)
+    done = python({**prod_env, "REDIS_URL": live_broker}, "-c", FIRST_SEND)
     imported = json.loads(_last_line(done))
     assert imported == []
     steps = [m for m in queue_messages(live_queue) if m["queue"] == dispatch.STEP_QUEUE]
@@ -117,11 +106,11 @@ def _closed_port() -> int:
 
 
 def test_the_warm_up_leaves_a_connected_producer_for_the_send(
-    live_queue: Any, thread_errors: list[BaseException]
+    live_broker: str, live_queue: Any, thread_errors: list[BaseException]
 ) -> None:
     # kombu's connection pools are global, by broker URL: drop what earlier tests opened.
     pools.reset()
-    with broker(LIVE_BROKER) as app:
+    with broker(live_broker) as app:
         with app.producer_pool.acquire(block=False) as producer:
             assert not producer.connection.connected  # a fresh app: nothing opened yet
         warm = dispatch.warm_sender()
@@ -133,10 +122,10 @@ def test_the_warm_up_leaves_a_connected_producer_for_the_send(
 
 
 def test_a_command_with_the_warm_up_sends_its_step_once_after_commit(
-    live_queue: Any, thread_errors: list[BaseException]
+    live_broker: str, live_queue: Any, thread_errors: list[BaseException]
 ) -> None:
     make_cluster()
-    with broker(LIVE_BROKER):
+    with broker(live_broker):
         call_command(
             "proxies",
             "create",
