@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-long test-real audit lint typecheck pytest pytest-postgres integration e2e lane-compute lane-wait sim clean
+.PHONY: run test test-long test-real audit lint typecheck pytest pytest-postgres integration \
+	integration-shared integration-restarts e2e lane-sqlite lane-postgres lane-wait sim clean
 
 # PostgreSQL for the second run of the service tests (pytest-django creates test_<name>).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/test
@@ -41,28 +42,43 @@ pytest: $(STAMP)
 pytest-postgres: $(STAMP)
 	DATABASE_URL=$(PG_URL) $(BIN)/pytest tests/service $(FAST) $(PYTEST_ARGS)
 
-# Real Redis broker, real celery worker processes, PostgreSQL, the HTTPS simulator.
+# Real Redis broker, real celery worker processes, PostgreSQL, the HTTPS simulator. The tests
+# that restart the machine's Redis and PostgreSQL (RESTARTS) run on their own, last: anything
+# else using either server then would lose its connections, and they skip rather than do that.
+RESTARTS := tests/integration/test_broker_and_database_loss.py
+
 integration: $(STAMP)
-	$(BIN)/pytest tests/integration -m integration $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory integration-shared
+	$(MAKE) --no-print-directory integration-restarts
+
+integration-shared: $(STAMP)
+	$(BIN)/pytest tests/integration -m integration --ignore=$(RESTARTS) $(PYTEST_ARGS)
+
+integration-restarts: $(STAMP)
+	$(BIN)/pytest $(RESTARTS) -m integration $(PYTEST_ARGS)
 
 # The admin in Debian's Chromium, driven by Playwright, with a real worker.
 e2e: $(STAMP)
 	$(BIN)/pytest tests/e2e -m e2e --tb=short $(PYTEST_ARGS)
 
-# The whole suite: style and types first, then the test tiers in two lanes side by side. One
-# lane is busy computing (the fast tier on SQLite, then the service tests on PostgreSQL); the
-# other mostly waits (real workers and a browser spend their time on polls, countdowns and
-# Beat intervals), so together they take the longer lane's time instead of the sum. -O prints
-# each lane's output whole when it ends.
+# The whole suite: style and types first, then the test tiers in three lanes side by side, then
+# the tests that restart the servers, alone. Two lanes compute (the fast tier on SQLite; the
+# service tests on PostgreSQL, half of whose time is the server's); the third mostly waits (real
+# workers and a browser spend their time on polls, countdowns and Beat intervals). Each run
+# claims a Redis database of its own (tests/support/redis_claim.py) and a PostgreSQL database of
+# its own name, so the lanes share nothing. -O prints each lane's output whole when it ends.
 test: lint typecheck
-	$(MAKE) --no-print-directory -j2 -O lane-compute lane-wait
+	$(MAKE) --no-print-directory -j3 -O lane-sqlite lane-postgres lane-wait
+	$(MAKE) --no-print-directory integration-restarts
 
-lane-compute: $(STAMP)
+lane-sqlite: $(STAMP)
 	$(MAKE) --no-print-directory pytest
+
+lane-postgres: $(STAMP)
 	$(MAKE) --no-print-directory pytest-postgres
 
 lane-wait: $(STAMP)
-	$(MAKE) --no-print-directory integration
+	$(MAKE) --no-print-directory integration-shared
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory bench-smoke BENCH_ARGS="--no-latest --out $$(mktemp -d)/suite-smoke.json"
 
