@@ -141,3 +141,36 @@ def documented_credentials_dir(settings: Any) -> None:
     """The credentials directory of the documented deployment, /etc/proxyhub, for catalogues
     that name files the way DESIGN.md's example does (they need not exist)."""
     settings.PROXYHUB_CREDENTIALS_DIR = "/etc/proxyhub"
+
+
+# --- the PostgreSQL run -------------------------------------------------------------------------
+
+# pytest-django's fixtures that give a test the database; a test that uses none of them (directly
+# or through its own fixtures) and carries no django_db mark never touches it.
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback"}
+)
+
+
+def _uses_the_database(item: pytest.Item) -> bool:
+    if item.get_closest_marker("django_db") or item.get_closest_marker("every_database"):
+        return True
+    return bool(_DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The second run of this tier (``make pytest-postgres``) exists to run the tests that touch
+    the database on PostgreSQL; a test that never touches it would only repeat, result for
+    result, what the SQLite run already did (a child process with an environment of its own, a
+    settings check). It is left out there, so the run costs only what it adds. A test that reads the
+    database's settings in this process without opening a connection says so with the
+    ``every_database`` mark."""
+    from django.conf import settings
+
+    if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
+        return
+    kept = [item for item in items if _uses_the_database(item)]
+    left = [item for item in items if not _uses_the_database(item)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept

@@ -199,6 +199,7 @@ def test_a_failure_is_reported_once_the_window_has_passed(
     }
 
 
+@pytest.mark.every_database
 def test_database_connections_outlive_a_request() -> None:
     """/readyz (and every request) reuses the process's database connection."""
     database = settings.DATABASES["default"]

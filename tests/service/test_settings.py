@@ -547,6 +547,7 @@ def _secret(*parts: str) -> str:
 
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+@pytest.mark.every_database
 def test_error_reports_hide_urls_passwords_tokens_and_cloud_init() -> None:
     db_password = _secret("db", "password", "1234")
     broker_password = _secret("broker", "password", "5678")
