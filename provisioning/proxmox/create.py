@@ -100,8 +100,14 @@ class CreateMachine(StepMachine[CreateRequest]):
     def on_api_error(self, progress: Progress, stage: str, err: ApiError) -> StepResult:
         if is_missing(err) and stage not in ("lookup", "clone"):
             # The VM vanished between steps: start over from the lookup (entry 10:
-            # "does not exist" inside create is transient, never not-found).
-            return fail(advance(progress, "lookup"), stage, err, op=OP)
+            # "does not exist" inside create is transient, never not-found). Its identity goes
+            # with it: kept, it would make the next clone at this VMID look like a VM restored
+            # from a backup (seed 001) to whatever reads it before that clone is configured.
+            result = fail(
+                advance(progress, "lookup", smbios_uuid=None, vmgenid=None), stage, err, op=OP
+            )
+            result.vm_gone = True
+            return result
         return fail(progress, stage, err, op=OP)
 
     def on_done(self, req: CreateRequest, progress: Progress, result: StepResult) -> None:

@@ -115,6 +115,8 @@ class StepResult:
     polled, ``submitted`` whether it sent a mutation to Proxmox. ``met``: a later stage whose
     check this step's read met as well (a start's wait that saw the VM run is the running
     check too): the step is journalled as that stage, and no step of its own runs for it.
+    ``vm_gone``: the VM the record described no longer exists, so what was recorded of it (its
+    identity, seed 001) describes nothing; the record starts over without it.
     """
 
     status: Status
@@ -128,6 +130,7 @@ class StepResult:
     error: ClassifiedError | None = None
     details: dict[str, Any] = field(default_factory=dict)
     met: str = ""
+    vm_gone: bool = False
 
 
 def advance(progress: Progress, stage: str, **changes: Any) -> Progress:

@@ -124,6 +124,10 @@ def _run_create(
     result = provider.create_step(req, record)
     progress["create"] = result.progress
     observed: dict[str, Any] = {"phase": Phase.CREATING}
+    if result.vm_gone:
+        # The VM this create made is gone (destroyed outside proxyhub): the proxy no longer
+        # records its identity, as reconcile forgets a missing VM's (reconcile._recreate).
+        observed.update(NO_IDENTITY)
     if result.progress.get("vmid"):
         observed.update(vmid=result.progress["vmid"], node=result.progress.get("node") or "")
     if result.progress.get("smbios_uuid") or result.progress.get("vmgenid"):

@@ -1,11 +1,13 @@
 """The crash-point matrix: a worker killed at every step boundary of a create and of a delete
 (reliability.md §5, Reliability item 1; issue 10, "How it is proven").
 
-Create: F1 to F12, one per step boundary of seed 000 entry 10 and DESIGN §5, and F13 to F15 for
-the seed's release after the address (issue 11). Delete: D1 to D6,
-entry 11. Each test kills the worker at its point, then recovers the way production does and no
-other way: the dead delivery's claim expires, ``operations_sweep`` sends the step again, and the
-deliveries that follow read back what Proxmox holds before they act. No operator acts.
+Create: F1 to F12, one per step boundary of seed 000 entry 10 and DESIGN §5, F13 to F15 for
+the seed's release after the address (issue 11), and F16 for a create whose VM was destroyed
+outside proxyhub before the worker died (found by the state machine; the operator's delete
+follows it). Delete: D1 to D6, entry 11. Each test kills the worker at its point, then
+recovers the way production does and no other way: the dead delivery's claim expires,
+``operations_sweep`` sends the step again, and the deliveries that follow read back what
+Proxmox holds before they act. No operator acts (but F16's delete).
 
 A kill is ``WorkerKilled``, a ``BaseException`` that nothing in proxyhub catches, raised at one
 of four seams:
@@ -688,6 +690,50 @@ def test_F15_seed_removed_worker_dies_before_it_is_committed(crash: Crash, sim: 
     assert crash._seeds() == set()
     crash.recover()
     crash.assert_created()
+
+
+def test_F16_vm_destroyed_before_its_start_then_the_new_clone_dies_unjournalled(
+    crash: Crash, sim: Sim
+) -> None:
+    """F16: the create's configured VM is destroyed outside proxyhub before its start (seed
+    000 entry 10: "does not exist" inside a create starts it over from the lookup); the create
+    clones again and the worker dies before that clone is journalled; then the operator deletes
+    the proxy. Found by the state machine on PostgreSQL: the proxy still recorded the destroyed
+    VM's SMBIOS UUID (seed 001), so the delete took the new clone for a VM restored from a
+    backup, refused it and latched the proxy Failed."""
+    behind = sim.api
+
+    def destroy_out_of_band(_: Any) -> None:
+        proxy = Proxy.objects.get()
+        upid = behind.destroy(proxy.node, proxy.vmid)
+        give_up = time.monotonic() + 5
+        while behind.task_status(proxy.node, upid).get("status") != "stopped":
+            assert time.monotonic() < give_up, "the destroy did not end"
+            time.sleep(0.01)
+        crash.before_commit("clone", "wait")  # the clone made again, never journalled
+
+    sim.before(f"POST {START}", destroy_out_of_band)
+    crash.create()
+    death = crash.run_to_death()
+    clones = [e for e in _ledger(sim, "POST", CLONE) if e.mutation]
+    assert len(clones) == 2 and death.claim_held
+    made_again = Proxy.objects.get().vmid
+    assert crash._our_vms() == {canonical_uid(Proxy.objects.get().uid): [made_again]}
+
+    op = crash.delete()
+    deadline = time.monotonic() + CLAIM_SECONDS + RECOVERY_BUDGET_SECONDS
+    while True:
+        op.refresh_from_db()
+        if op.state not in ACTIVE_STATES:
+            break
+        assert time.monotonic() < deadline, f"wedged: delete still {op.state}; {op.last_error}"
+        crash.pump.call(operations_sweep)
+        crash.pump.run()
+        time.sleep(SWEEP_PAUSE_SECONDS)
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    assert not Proxy.objects.exists()
+    assert crash._our_vms() == {}
+    assert not crash.armed
 
 
 # --- the delete flow ------------------------------------------------------------------------

@@ -509,6 +509,41 @@ def test_a_vm_stopped_after_its_start_is_started_again(world: World) -> None:
     assert world.api.vm_status(node, vmid)["status"] == "running"
 
 
+def test_a_vm_destroyed_before_its_start_starts_over_without_its_identity(world: World) -> None:
+    """Entry 10: "does not exist" inside a create is transient and starts it over from the
+    lookup. The identity read at the configure described the VM that is gone, so the record
+    drops it and the result says the VM is gone (seed 001: kept, it would make the next clone
+    at this VMID look restored from a backup)."""
+    provider = world.provider
+    req = world.request("gone")
+    progress = provider.new_create_progress()
+    for _ in range(200):
+        result = world.step(lambda pr: provider.create_step(req, pr), progress)
+        progress = result.progress
+        if progress.get("stage") == "start":
+            break
+    assert progress.get("stage") == "start" and progress.get("smbios_uuid"), progress
+    vmid, node = int(progress["vmid"]), str(progress["node"])
+    world.api.destroy(node, vmid)
+    world.engine.control.advance(5.0)
+
+    # The start is taken as a task (or refused) and its wait finds no VM.
+    gone = world.step(lambda pr: provider.create_step(req, pr), progress)
+    for _ in range(20):
+        if gone.status == "error":
+            break
+        world.engine.control.advance(5.0)
+        gone = world.step(lambda pr: provider.create_step(req, pr), gone.progress)
+    assert gone.status == "error" and gone.error is not None and gone.vm_gone
+    assert gone.error.kind == "transient"
+    assert gone.progress["stage"] == "lookup"
+    assert not gone.progress.get("smbios_uuid") and not gone.progress.get("vmgenid")
+    done = world.drive(lambda pr: provider.create_step(req, pr), gone.progress)
+    assert done.status == "done", done.error
+    made = world.api.vm_config(node, vmid)
+    assert done.progress["smbios_uuid"] in made["smbios1"]
+
+
 def test_a_failed_start_is_read_at_the_look_after_the_first(world: World) -> None:
     """The first look that finds the VM not running waits again without reading the start task
     (issue 12: a look that came too soon costs one read); the next reads the task, and a start
