@@ -479,18 +479,23 @@ def test_a_lost_start_reply_is_read_back_even_once_the_task_has_ended(world: Wor
     assert [e.status for e in world.engine.ledger.calls("POST", START)] == [200]
 
 
+def _stepped_to(world: World, req: CreateRequest, stage: str) -> dict[str, Any]:
+    """The create's record once its steps reached ``stage``."""
+    provider = world.provider
+    progress = provider.new_create_progress()
+    for _ in range(200):
+        progress = world.step(lambda pr: provider.create_step(req, pr), progress).progress
+        if progress.get("stage") == stage:
+            return progress
+    raise AssertionError(f"the create never reached {stage}: {progress}")
+
+
 def test_a_vm_stopped_after_its_start_is_started_again(world: World) -> None:
     """The start task ended and then something stopped the VM (a stop queued on the node):
     the create goes back to its start instead of reading "stopped" until its ceiling."""
     provider = world.provider
     req = world.request("restart")
-    progress = provider.new_create_progress()
-    for _ in range(200):
-        result = world.step(lambda pr: provider.create_step(req, pr), progress)
-        progress = result.progress
-        if progress.get("stage") == "start_wait":
-            break
-    assert progress.get("stage") == "start_wait", progress
+    progress = _stepped_to(world, req, "start_wait")
     world.engine.control.advance(5.0)  # the start ends
     # A cold record at the running check (a start's wait that saw its task end, or that found
     # the task failed while the VM ran, leaves one): the stage reads the status.
@@ -516,13 +521,8 @@ def test_a_vm_destroyed_before_its_start_starts_over_without_its_identity(world:
     at this VMID look restored from a backup)."""
     provider = world.provider
     req = world.request("gone")
-    progress = provider.new_create_progress()
-    for _ in range(200):
-        result = world.step(lambda pr: provider.create_step(req, pr), progress)
-        progress = result.progress
-        if progress.get("stage") == "start":
-            break
-    assert progress.get("stage") == "start" and progress.get("smbios_uuid"), progress
+    progress = _stepped_to(world, req, "start")
+    assert progress.get("smbios_uuid"), progress
     vmid, node = int(progress["vmid"]), str(progress["node"])
     world.api.destroy(node, vmid)
     world.engine.control.advance(5.0)
@@ -551,13 +551,7 @@ def test_a_failed_start_is_read_at_the_look_after_the_first(world: World) -> Non
     provider = world.provider
     req = world.request("failed-start")
     world.engine.control.fail_next_task("qmstart", "start failed: QEMU exited with code 1")
-    progress = provider.new_create_progress()
-    for _ in range(200):
-        result = world.step(lambda pr: provider.create_step(req, pr), progress)
-        progress = result.progress
-        if progress.get("stage") == "start_wait":
-            break
-    assert progress.get("stage") == "start_wait", progress
+    progress = _stepped_to(world, req, "start_wait")
     world.engine.control.advance(5.0)  # the start has long failed
     seen = len(world.engine.ledger)
 
