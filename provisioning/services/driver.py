@@ -274,9 +274,9 @@ def _attempt(op: Operation) -> Outcome:
         if outcome.result.vm_gone:
             # The VM it worked on is gone and the record starts over: that, and the identity
             # it forgets, is journalled before the next attempt clones again. Run again here,
-            # a worker lost before that clone's commit left the journal naming the gone VM,
-            # and the new clone looked restored from a backup (tests/service/test_crash_matrix,
-            # F16).
+            # the new clone went out first, and a worker lost before its commit left the
+            # journal naming the gone VM: the clone then looked restored from a backup
+            # (tests/service/test_crash_matrix.py, F16).
             return outcome
         log.info(
             "step retried in place",

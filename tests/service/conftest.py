@@ -169,8 +169,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         return
-    kept = [item for item in items if _uses_the_database(item)]
-    left = [item for item in items if not _uses_the_database(item)]
+    kept: list[pytest.Item] = []
+    left: list[pytest.Item] = []
+    for item in items:
+        (kept if _uses_the_database(item) else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

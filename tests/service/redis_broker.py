@@ -53,7 +53,8 @@ def claimed_database() -> Iterator[str]:
     session fixture's body: ``yield from claimed_database()``."""
     redis = pytest.importorskip("redis")
     try:
-        redis.Redis.from_url(f"{REDIS_HOST}/0", socket_connect_timeout=3).ping()
+        with redis.Redis.from_url(f"{REDIS_HOST}/0", socket_connect_timeout=3) as client:
+            client.ping()
     except redis.exceptions.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
     number = redis_claim.claim(REDIS_HOST)

@@ -72,9 +72,7 @@ def _claim(client: Any, *, forced: bool) -> bool:
             pipe.execute()
         except redis.WatchError:
             return False
-    for key in client.scan_iter(count=1000):
-        if key != OWNER_KEY.encode():
-            client.delete(key)
+    empty(client)
     return True
 
 
