@@ -491,8 +491,11 @@ else:
     # and consumer read this same configuration, so "in" and "out" are one folder. The control
     # folder holds the exchange tables (it defaults to ./control relative to the working
     # directory, hence set explicitly). Messages are not kept after delivery.
-    # The host part means nothing to this transport; naming one avoids kombu's warning.
+    # The host part means nothing to this transport; naming one avoids kombu's warning. kombu's
+    # own class can hand a worker a half-written message, which stops it; ours publishes whole
+    # files (proxyhub/embedded_broker.py).
     CELERY_BROKER_URL = "filesystem://localhost/"
+    CELERY_BROKER_TRANSPORT = "proxyhub.embedded_broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_ensure_dir(BROKER_DIR / "queue")),
         "data_folder_out": str(BROKER_DIR / "queue"),

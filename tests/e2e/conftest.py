@@ -147,7 +147,7 @@ def broker_dir(tmp_path: Path) -> Iterator[Path]:
         "store_processed": False,
     }
     _reset_producers(app)
-    _point(app, "filesystem://localhost/", options)
+    _point(app, "filesystem://localhost/", "proxyhub.embedded_broker:Transport", options)
     try:
         yield var
     finally:
@@ -161,14 +161,17 @@ def broker_dir(tmp_path: Path) -> Iterator[Path]:
 # fixture sets both.
 _BROKER_KEYS = (
     "broker_url",
+    "broker_transport",
     "broker_transport_options",
     "CELERY_BROKER_URL",
+    "CELERY_BROKER_TRANSPORT",
     "CELERY_BROKER_TRANSPORT_OPTIONS",
 )
 
 
-def _point(app: Any, url: str, options: dict[str, Any]) -> None:
+def _point(app: Any, url: str, transport: str, options: dict[str, Any]) -> None:
     app.conf["broker_url"] = app.conf["CELERY_BROKER_URL"] = url
+    app.conf["broker_transport"] = app.conf["CELERY_BROKER_TRANSPORT"] = transport
     app.conf["broker_transport_options"] = options
     app.conf["CELERY_BROKER_TRANSPORT_OPTIONS"] = options
 

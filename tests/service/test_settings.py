@@ -52,6 +52,7 @@ print("DUMP " + json.dumps({
     "cookies_secure": [s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE],
     "db": {"ENGINE": db["ENGINE"], "NAME": str(db["NAME"]), "OPTIONS": db.get("OPTIONS", {})},
     "broker_url": s.CELERY_BROKER_URL,
+    "broker_transport": getattr(s, "CELERY_BROKER_TRANSPORT", None),
     "transport_options": s.CELERY_BROKER_TRANSPORT_OPTIONS,
     "publish_retry": s.CELERY_TASK_PUBLISH_RETRY_POLICY,
     "connection_timeout": s.CELERY_BROKER_CONNECTION_TIMEOUT,
@@ -130,6 +131,8 @@ def test_production_defaults_are_the_embedded_single_machine_setup(
     assert "journal_mode=WAL" in dumped["db"]["OPTIONS"]["init_command"]
     # The embedded broker needs no server: kombu's filesystem transport under var/broker.
     assert dumped["broker_url"].startswith("filesystem://")
+    # ...through proxyhub's subclass, which publishes whole files (test_embedded_broker.py).
+    assert dumped["broker_transport"] == "proxyhub.embedded_broker:Transport"
     options = dumped["transport_options"]
     for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         assert Path(options[key]).is_dir()
@@ -166,6 +169,7 @@ def test_redis_and_postgres_urls_are_used_as_given(prod_env: dict[str, str]) -> 
     }
     dumped = _settings_in(env)
     assert dumped["broker_url"] == "redis://:brokerpass@redis.internal:6379/2"
+    assert dumped["broker_transport"] is None  # the URL's scheme chooses kombu's Redis transport
     # A publish to a Redis that does not answer fails within seconds (issue 11).
     assert dumped["transport_options"] == {
         "visibility_timeout": 3600,
