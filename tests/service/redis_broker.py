@@ -33,6 +33,9 @@ def broker(url: str) -> Iterator[Celery]:
     app.config_from_object("django.conf:settings", namespace="CELERY")
     app.conf.update(
         CELERY_BROKER_URL=url,
+        # As the settings' Redis branch: the URL's scheme picks kombu's transport, not the
+        # embedded broker's class that the test settings name (no REDIS_URL there).
+        CELERY_BROKER_TRANSPORT=None,
         CELERY_BROKER_TRANSPORT_OPTIONS=redis_transport_options(
             settings.PROXYHUB_BROKER_TIMEOUT_SECONDS
         ),

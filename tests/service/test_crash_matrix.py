@@ -719,6 +719,14 @@ def test_F16_vm_destroyed_before_its_start_then_the_new_clone_dies_unjournalled(
     death = crash.run_to_death()
     clones = [e for e in _ledger(sim, "POST", CLONE) if e.mutation]
     assert len(clones) == 2 and death.claim_held
+    # The dead worker never waited for that clone: until its task ends the new VM is the
+    # nameless "qmclone temporary file" with no mark (pvesim/handlers_clone.py), so the
+    # ownership below is read once the task has stopped.
+    again = clones[-1]
+    give_up = time.monotonic() + 10
+    while behind.task_status(again.path_params["node"], again.upid).get("status") != "stopped":
+        assert time.monotonic() < give_up, "the second clone did not end"
+        time.sleep(0.01)
     made_again = Proxy.objects.get().vmid
     assert crash._our_vms() == {canonical_uid(Proxy.objects.get().uid): [made_again]}
 

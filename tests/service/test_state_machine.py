@@ -698,9 +698,15 @@ def quick_loop(settings: Any) -> None:
     settings.PROXYHUB_INSTALLATION_ID = INSTALLATION
 
 
-@pytest.mark.timeout(900)
+# The long search took 683 s on PostgreSQL on one machine and passed 900 s on a slower one;
+# its ceiling is generous so only a hang stops it, not the machine's speed.
+TIMEOUTS = {"bounded": 900, "long": 3600}
+PROFILE = os.environ.get("PROXYHUB_STATEMACHINE", "bounded")
+
+
+@pytest.mark.timeout(TIMEOUTS[PROFILE])
 def test_the_control_loop_keeps_its_promises(quick_loop: None) -> None:
-    profile = os.environ.get("PROXYHUB_STATEMACHINE", "bounded")
+    profile = PROFILE
     SEEN.clear()
     run_state_machine_as_test(ControlLoop, settings=PROFILES[profile])
     print(f"state machine ({profile}): {dict(sorted(SEEN.items()))}")
