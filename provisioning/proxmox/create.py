@@ -200,7 +200,7 @@ class CreateMachine(StepMachine[CreateRequest]):
                 continue
             if verdict.verdict == "free":
                 created_at = progress.get("created_at") or _rfc3339(self.clock())
-                return StepResult(
+                result = StepResult(
                     "continue",
                     advance(
                         progress,
@@ -216,6 +216,13 @@ class CreateMachine(StepMachine[CreateRequest]):
                     "lookup",
                     message=f"VMID {vmid} is free (attempt {attempt})",
                 )
+                # No VM of ours exists (none by name, none at a VMID this create recorded), so
+                # an identity the proxy still records (seed 001) names a VM that is gone. It is
+                # forgotten with this step, before the clone: kept until the clone's config is
+                # read, it made that clone look restored from a backup to a replace or delete
+                # asked for meanwhile (tests/service/test_identity.py).
+                result.vm_gone = req.identity.known
+                return result
             return self._settle(req, dict(progress, attempt=attempt), verdict, deadline)
         raise TransientError(
             f"no free VMID for {req.vm_name} after {MAX_ATTEMPTS} attempts in "

@@ -115,8 +115,9 @@ class StepResult:
     polled, ``submitted`` whether it sent a mutation to Proxmox. ``met``: a later stage whose
     check this step's read met as well (a start's wait that saw the VM run is the running
     check too): the step is journalled as that stage, and no step of its own runs for it.
-    ``vm_gone``: the VM the record described no longer exists, so what was recorded of it (its
-    identity, seed 001) describes nothing; the record starts over without it.
+    ``vm_gone``: the VM the record, or the proxy's recorded identity, described no longer
+    exists, so what was recorded of it (its identity, seed 001) describes nothing; the record
+    starts over without it, and the caller forgets it too.
     """
 
     status: Status

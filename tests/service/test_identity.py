@@ -7,7 +7,9 @@ Runs on SQLite and on PostgreSQL (``DATABASE_URL``), as every control-loop test 
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pump import Pump, Sim, running_fleet
@@ -193,3 +195,55 @@ def test_a_converged_proxy_costs_one_listing_per_round(pump: Pump, sim: Sim) -> 
         pump.call(reconcile_round)
         pump.run()
         assert [e.key for e in sim.engine.ledger.calls()] == ["GET /cluster/resources"]
+
+
+def _destroyed_behind(sim: Sim, proxy: Proxy) -> None:
+    """Someone stops and destroys the proxy's VM in Proxmox, as ``qm`` would."""
+    node, vmid = proxy.node, int(proxy.vmid or 0)
+    for upid in (sim.api.stop(node, vmid), None):
+        upid = upid or sim.api.destroy(node, vmid)
+        give_up = time.monotonic() + 10
+        while sim.api.task_status(node, upid).get("status") != "stopped":
+            assert time.monotonic() < give_up, f"{upid} did not end"
+            time.sleep(0.01)
+
+
+@pytest.mark.parametrize("then", ["replace", "delete"])
+def test_a_create_that_finds_the_vm_gone_forgets_its_identity_before_it_clones_again(
+    pump: Pump, sim: Sim, then: str
+) -> None:
+    """Found by the long state machine on PostgreSQL: a proxy's VM destroyed outside proxyhub,
+    then Provision or retry. The create finds no VM and clones a new one at the same VMID, but
+    the proxy still recorded the destroyed VM's SMBIOS UUID and vmgenid (seed 001) until the
+    create read its clone's config. A replace or delete the operator asked for in between took
+    proxyhub's own clone for a VM restored from a backup and latched the proxy Failed. The
+    create's lookup now forgets an identity whose VM it found gone, in its own commit, before
+    the clone is sent."""
+    (proxy,) = running_fleet(pump, sim, 1, prefix=f"gone{then[:3]}", zone="pve1")
+    assert proxy.smbios_uuid and proxy.vmgenid
+    _destroyed_behind(sim, proxy)
+    asked: list[Operation] = []
+
+    def operator_acts(_: Any) -> None:
+        fresh = Proxy.objects.get(pk=proxy.pk)
+        service = operations.proxy_replace if then == "replace" else operations.proxy_request_delete
+        asked.append(pump.call(service, proxy=fresh))
+
+    # Right after the create's clone was answered, before its step is journalled.
+    sim.after("POST /nodes/{node}/qemu/{vmid}/clone", operator_acts)
+    pump.call(operations.proxy_retry, proxy=Proxy.objects.get(pk=proxy.pk))
+    pump.run()
+
+    (op,) = asked
+    op.refresh_from_db()
+    assert op.state == OperationState.SUCCEEDED, op.last_error
+    ours = [e["vmid"] for e in sim.api.cluster_resources() if e.get("name") == proxy.vm_name]
+    if then == "delete":
+        assert not Proxy.objects.filter(pk=proxy.pk).exists()
+        assert ours == []
+        return
+    fresh = Proxy.objects.get(pk=proxy.pk)
+    assert fresh.phase == Phase.RUNNING, fresh.last_error
+    assert ours == [fresh.vmid]
+    found = identity_of(sim.api.vm_config(fresh.node, int(fresh.vmid or 0)))
+    assert (fresh.smbios_uuid, fresh.vmgenid) == (found.smbios_uuid, found.vmgenid)

@@ -546,7 +546,11 @@ class ControlLoop(RuleBasedStateMachine):
             row, mine = rows.get(name), vms.get(want.uid, [])
             if want.state == DesiredState.DELETED:
                 if row is not None or mine or self._seed_nodes(name):
-                    problems.append(f"{name}: asked deleted, row={row is not None} vms={mine}")
+                    problems.append(
+                        f"{name}: asked deleted, row={row is not None} "
+                        f"phase={row.phase if row else None} ({row.last_error if row else ''}) "
+                        f"vms={mine}"
+                    )
                 continue
             phase = Phase.RUNNING if want.power == DesiredPower.ON else Phase.STOPPED
             status = "running" if want.power == DesiredPower.ON else "stopped"

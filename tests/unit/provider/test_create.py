@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from provisioning.proxmox.config import ProxmoxConfig
 from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.deadline import Deadline
 from provisioning.proxmox.errors import PermanentError, TransientError
+from provisioning.proxmox.identity import Identity
 from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
@@ -568,3 +570,21 @@ def test_a_failed_start_is_read_at_the_look_after_the_first(world: World) -> Non
     assert [e.key for e in world.engine.ledger.calls()[seen:]] == [STATUS, STATUS, TASK, STATUS]
     done = world.drive(lambda pr: provider.create_step(req, pr), second.progress)
     assert done.status == "done", done.error
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_lookup_that_finds_no_vm_says_a_recorded_identity_is_gone(
+    world: World, recorded: bool
+) -> None:
+    """Seed 001: a proxy that records the identity of a VM, for which the lookup finds no VM of
+    ours, had that VM destroyed; the lookup says so (``vm_gone``), in the step before the
+    clone, so its caller forgets the identity before a new VM takes the VMID. With nothing
+    recorded there is nothing to forget."""
+    identity = Identity("4a2ce6d1-775d-46ec-bf59-994b7de5a3a1", "55fea08e-143e-4e04-bdd7")
+    req = replace(world.request("vanished"), identity=identity if recorded else Identity())
+    looked = world.step(
+        lambda pr: world.provider.create_step(req, pr), world.provider.new_create_progress()
+    )
+    assert looked.status == "continue" and looked.progress["stage"] == "clone"
+    assert looked.vm_gone is recorded
+    assert world.engine.ledger.mutations() == []  # said before anything is cloned
