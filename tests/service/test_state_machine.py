@@ -395,7 +395,10 @@ class ControlLoop(RuleBasedStateMachine):
 
     # --- the world misbehaves ------------------------------------------------------------------
 
-    @precondition(lambda self: self.pump.queue)
+    # No precondition on the queue: whether a message is queued depends on timing, and a rule
+    # enabled by timing makes the same draws pick other rules from one run of an example to the
+    # next, which Hypothesis stops as FlakyStrategyDefinition (the long search did, on both
+    # databases). With nothing queued the kill is armed and disarmed unused.
     @rule(seam=st.sampled_from(SEAMS), nth=st.integers(1, 4))
     @told
     def kill_a_worker(self, seam: str, nth: int) -> None:
