@@ -271,13 +271,6 @@ def _attempt(op: Operation) -> Outcome:
             return outcome
         if error.unreachable and not error.reply_lost:
             return outcome
-        if outcome.result.vm_gone:
-            # The VM it worked on is gone and the record starts over: that, and the identity
-            # it forgets, is journalled before the next attempt clones again. Run again here,
-            # the new clone went out first, and a worker lost before its commit left the
-            # journal naming the gone VM: the clone then looked restored from a backup
-            # (tests/service/test_crash_matrix.py, F16).
-            return outcome
         log.info(
             "step retried in place",
             extra={"operation": str(op.pk), "step": outcome.result.step, "error": str(error)},

@@ -125,8 +125,10 @@ def _run_create(
     progress["create"] = result.progress
     observed: dict[str, Any] = {"phase": Phase.CREATING}
     if result.vm_gone:
-        # The VM this create made is gone (destroyed outside proxyhub): the proxy no longer
-        # records its identity, as reconcile forgets a missing VM's (reconcile._recreate).
+        # The VM the proxy recorded is gone (destroyed outside proxyhub, found so mid-create or
+        # by the lookup): the proxy no longer records its identity, as reconcile forgets a
+        # missing VM's (reconcile._recreate). A lookup says so in its own step, so this commits
+        # before any clone at the VMID.
         observed.update(NO_IDENTITY)
     if result.progress.get("vmid"):
         observed.update(vmid=result.progress["vmid"], node=result.progress.get("node") or "")
