@@ -96,6 +96,15 @@ class Sim:
         return [str(e.key) for e in self.engine.ledger.mutations()]
 
 
+def task_ended(api: Api, node: str, upid: str, *, within: float = 10.0) -> None:
+    """Wait until the simulator's task ``upid`` on ``node`` has stopped (its tasks run on a
+    real, scaled clock); fails after ``within`` seconds."""
+    give_up = time.monotonic() + within
+    while api.task_status(node, upid).get("status") != "stopped":
+        assert time.monotonic() < give_up, f"task {upid} did not end within {within:g} s"
+        time.sleep(0.01)
+
+
 # A token path inside the test settings' credentials directory (the system's temporary
 # directory, issue 11) where no file ever is: the in-process transport needs no token.
 ABSENT_TOKEN = str(Path(tempfile.gettempdir()) / "proxyhub-tests-absent" / "token")

@@ -45,7 +45,7 @@ from uuid import UUID
 import pytest
 from django.conf import settings
 from django.db import transaction
-from pump import Pump, Sim, seed_volid_of
+from pump import Pump, Sim, seed_volid_of, task_ended
 
 from provisioning.models import Operation, OperationStep, Proxy
 from provisioning.models.choices import ACTIVE_STATES, OperationState, Phase
@@ -707,11 +707,7 @@ def test_F16_vm_destroyed_before_its_start_then_the_new_clone_dies_unjournalled(
 
     def destroy_out_of_band(_: Any) -> None:
         proxy = Proxy.objects.get()
-        upid = behind.destroy(proxy.node, proxy.vmid)
-        give_up = time.monotonic() + 5
-        while behind.task_status(proxy.node, upid).get("status") != "stopped":
-            assert time.monotonic() < give_up, "the destroy did not end"
-            time.sleep(0.01)
+        task_ended(behind, proxy.node, behind.destroy(proxy.node, proxy.vmid), within=5)
         crash.before_commit("clone", "wait")  # the clone made again, never journalled
 
     sim.before(f"POST {START}", destroy_out_of_band)
@@ -723,10 +719,7 @@ def test_F16_vm_destroyed_before_its_start_then_the_new_clone_dies_unjournalled(
     # nameless "qmclone temporary file" with no mark (pvesim/handlers_clone.py), so the
     # ownership below is read once the task has stopped.
     again = clones[-1]
-    give_up = time.monotonic() + 10
-    while behind.task_status(again.path_params["node"], again.upid).get("status") != "stopped":
-        assert time.monotonic() < give_up, "the second clone did not end"
-        time.sleep(0.01)
+    task_ended(behind, again.path_params["node"], str(again.upid))
     made_again = Proxy.objects.get().vmid
     assert crash._our_vms() == {canonical_uid(Proxy.objects.get().uid): [made_again]}
 

@@ -7,12 +7,11 @@ Runs on SQLite and on PostgreSQL (``DATABASE_URL``), as every control-loop test 
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from pump import Pump, Sim, running_fleet
+from pump import Pump, Sim, running_fleet, task_ended
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import ErrorClass, OperationKind, OperationState, Phase
@@ -200,12 +199,8 @@ def test_a_converged_proxy_costs_one_listing_per_round(pump: Pump, sim: Sim) -> 
 def _destroyed_behind(sim: Sim, proxy: Proxy) -> None:
     """Someone stops and destroys the proxy's VM in Proxmox, as ``qm`` would."""
     node, vmid = proxy.node, int(proxy.vmid or 0)
-    for upid in (sim.api.stop(node, vmid), None):
-        upid = upid or sim.api.destroy(node, vmid)
-        give_up = time.monotonic() + 10
-        while sim.api.task_status(node, upid).get("status") != "stopped":
-            assert time.monotonic() < give_up, f"{upid} did not end"
-            time.sleep(0.01)
+    task_ended(sim.api, node, sim.api.stop(node, vmid))
+    task_ended(sim.api, node, sim.api.destroy(node, vmid))
 
 
 @pytest.mark.parametrize("then", ["replace", "delete"])

@@ -61,7 +61,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from pump import Pump, make_cluster
+from pump import Pump, make_cluster, task_ended
 
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import (
@@ -675,10 +675,7 @@ class ControlLoop(RuleBasedStateMachine):
         return [n for n in NODES if self.engine.control.volume_data(n, volid) is not None]
 
     def _await(self, node: str, upid: str) -> None:
-        give_up = time.monotonic() + 5
-        while self.behind.task_status(node, upid).get("status") != "stopped":
-            assert time.monotonic() < give_up, f"task {upid} did not end"
-            time.sleep(0.02)
+        task_ended(self.behind, node, upid, within=5)
 
 
 @contextmanager
