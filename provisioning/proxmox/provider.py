@@ -103,9 +103,15 @@ class Provider:
         return new_create_progress()
 
     def create_step(
-        self, req: CreateRequest, progress: Progress, *, deadline: Deadline | None = None
+        self,
+        req: CreateRequest,
+        progress: Progress,
+        *,
+        deadline: Deadline | None = None,
+        may_follow: Callable[[Progress], bool] | None = None,
     ) -> StepResult:
-        return self._create.step(req, progress, deadline=deadline)
+        """One step of a create; ``may_follow``: ``StepMachine.step``'s."""
+        return self._create.step(req, progress, deadline=deadline, may_follow=may_follow)
 
     def create(self, req: CreateRequest, *, deadline: Deadline | None = None) -> str:
         """Create (or adopt) the VM and return its provider id once it runs (entry 10)."""

@@ -117,7 +117,9 @@ class StepResult:
     check too): the step is journalled as that stage, and no step of its own runs for it.
     ``vm_gone``: the VM the record, or the proxy's recorded identity, described no longer
     exists, so what was recorded of it (its identity, seed 001) describes nothing; the record
-    starts over without it, and the caller forgets it too.
+    starts over without it, and the caller forgets it too. ``passed``: the stages this step
+    ran and ended before the one it reports (``StepMachine.follows``), oldest first, for the
+    journal to record each.
     """
 
     status: Status
@@ -132,6 +134,7 @@ class StepResult:
     details: dict[str, Any] = field(default_factory=dict)
     met: str = ""
     vm_gone: bool = False
+    passed: list[StepResult] = field(default_factory=list)
 
 
 def advance(progress: Progress, stage: str, **changes: Any) -> Progress:
@@ -416,6 +419,10 @@ class StepMachine(Generic[Req]):
 
     op = ""
     first_stage = ""
+    # Stages that may run in the step whose stage before them went on at once (``continue``),
+    # when the caller allows it (``step``'s ``may_follow``): a stage of its own would cost a
+    # whole delivery for a synchronous write or a submission on a node slot already held.
+    follows: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -436,11 +443,40 @@ class StepMachine(Generic[Req]):
         self.durations: Durations = durations or NoDurations()
         self.board = board
 
-    def step(self, req: Req, progress: Progress, *, deadline: Deadline | None = None) -> StepResult:
+    def step(
+        self,
+        req: Req,
+        progress: Progress,
+        *,
+        deadline: Deadline | None = None,
+        may_follow: Callable[[Progress], bool] | None = None,
+    ) -> StepResult:
         """Run the record's stage once. The record the result carries is warm for this machine's
-        next step only when the step ended without error (``Tickets``)."""
+        next step only when the step ended without error (``Tickets``).
+
+        A stage that went on at once to a stage of ``follows`` is followed by it in this step
+        when ``may_follow`` says so for the record that stage starts from (the services decide:
+        a node slot already held, no maintenance switch to consult). The earlier stages go in
+        the result's ``passed``, and what their results said for the estimates and the wakes
+        (their details) goes along. A stage that forgot the VM (``vm_gone``) is never followed:
+        what it forgot is committed before anything else runs."""
         is_warm = self.tickets.take(progress.get(TICKET))
         result = self._run(req, _warmed(progress, is_warm), deadline)
+        passed: list[StepResult] = []
+        while (
+            may_follow is not None
+            and len(passed) < len(self.follows)
+            and result.status == "continue"
+            and not result.vm_gone
+            and result.progress.get("stage") in self.follows
+            and may_follow(result.progress)
+        ):
+            passed.append(result)
+            following = self._run(req, result.progress, deadline)
+            following.details = {**result.details, **following.details}
+            result = following
+        if passed:
+            result.passed = passed
         result.progress = {k: v for k, v in result.progress.items() if k not in (TICKET, WARM)}
         if result.status in ("continue", "wait"):
             result.progress[TICKET] = self.tickets.issue()

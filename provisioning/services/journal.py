@@ -21,14 +21,25 @@ steps_log = logging.getLogger("proxyhub.operations.steps")
 
 
 def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
-    """Record what ``outcome`` says about the stage that ran (and, before it, about a stage the
-    step ended on its way: ``Outcome.passed``, journalled the same way)."""
+    """Record what ``outcome`` says about the stage that ran (and, before it, about the stages
+    the step ended on its way: ``Outcome.passed`` and ``StepResult.passed``, each journalled
+    the same way, as finished)."""
     last = op.steps.order_by("-seq").first()
-    if outcome.passed is not None:
-        name = outcome.passed.step.removesuffix("_wait")
-        last = _journal(op, last, name, outcome.passed, finished=True, now=now)
+    for passed in _passed(outcome):
+        name = passed.step.removesuffix("_wait")
+        last = _journal(op, last, name, passed, finished=True, now=now)
     name = outcome.phase_name or outcome.result.step.removesuffix("_wait")
     _journal(op, last, name, outcome.result, finished=outcome.finished, now=now)
+
+
+def _passed(outcome: Outcome) -> list[StepResult]:
+    """The stages the step ended before the one it journals, oldest first."""
+    out: list[StepResult] = []
+    if outcome.passed is not None:
+        out.extend(outcome.passed.passed)
+        out.append(outcome.passed)
+    out.extend(outcome.result.passed)
+    return out
 
 
 def _journal(

@@ -35,6 +35,7 @@ from provisioning.proxmox.template_build import TemplateBuildRequest
 from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait, seen_at
 from provisioning.sealing import SealError
 
+from . import slots
 from .drift import built_spec, proxy_spec
 from .durations import durations_elsewhere, durations_expected
 from .installation import identity_conflict
@@ -121,7 +122,7 @@ def _run_create(
         cloud_init=_cloud_init(proxy, op),
         identity=recorded_identity(proxy),
     )
-    result = provider.create_step(req, record)
+    result = provider.create_step(req, record, may_follow=may_follow(op, progress))
     progress["create"] = result.progress
     observed: dict[str, Any] = {"phase": Phase.CREATING}
     if result.vm_gone:
@@ -181,8 +182,28 @@ def _run_create(
             message=result.message,
             provider_id=result.provider_id,
             details=result.details,
+            passed=result.passed,
         )
     return Outcome(result, progress, observed)
+
+
+def may_follow(op: Operation, progress: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
+    """Whether a create's step, which started from ``progress``, may go on to the next stage of
+    its record (``StepMachine.follows``): only when that stage needs no task slot beyond those
+    the step holds (``slots.need_of``: the same node's, and no storage slot it lacks), and the
+    operation's read found no maintenance switch in its cluster (``maintenance``: a stage that
+    writes is held by a switch on its node, and the driver asked only about this step's stage).
+    None: every stage is a step of its own."""
+    if getattr(op, "cluster_switched", True) is not False:
+        return None
+    held = set(slots.need_of(op, progress).keys)
+    if not held:
+        return None
+
+    def may(record: dict[str, Any]) -> bool:
+        return set(slots.need_of(op, dict(progress, create=record)).keys) <= held
+
+    return may
 
 
 def _run_template_build(

@@ -474,6 +474,12 @@ def _ledger(sim: Sim, method: str, path: str) -> list[LedgerEntry]:
     return sim.engine.ledger.calls(method, path)
 
 
+def _configured(sim: Sim) -> list[int]:
+    """The statuses of the create's config writes (those that attach the seed; the seed's
+    release writes the config too, to eject it)."""
+    return [e.status for e in _ledger(sim, "PUT", CONFIG) if "seed.iso" in e.params.get("ide2", "")]
+
+
 # --- the create flow ------------------------------------------------------------------------
 
 
@@ -575,22 +581,43 @@ def test_F7_seed_uploaded_worker_dies_before_the_config_put(crash: Crash, sim: S
     death = crash.run_to_death()
     (upload,) = _ledger(sim, "POST", UPLOAD)
     assert upload.upid in death.receipts
-    assert death.stage == "configure" and death.claim_held
+    # The config write runs in the step that saw the upload end (CreateMachine.follows), so
+    # the record still waits for the upload: recovery polls it again, then configures.
+    assert death.stage == "upload_wait" and death.claim_held
     assert _ledger(sim, "PUT", CONFIG) == []
     crash.recover()
     crash.assert_created()
 
 
 def test_F8_config_put_applied_not_journalled_before_the_resize(crash: Crash, sim: Sim) -> None:
-    """F8: after config PUT, before resize."""
-    crash.before_commit("configure", "continue")
+    """F8: after config PUT, before resize (within the step that saw the upload end)."""
+    crash.before_call("PUT", RESIZE)
     crash.create()
     death = crash.run_to_death()
-    assert [e.status for e in _ledger(sim, "PUT", CONFIG)] == [200]
-    assert death.stage == "configure" and death.claim_held
+    assert _configured(sim) == [200]
+    assert death.stage == "upload_wait" and death.claim_held
     assert _ledger(sim, "PUT", RESIZE) == []
     crash.recover()
-    crash.assert_created()  # the config is compared again, and not written twice
+    crash.assert_created()
+    # The config is compared again, and not written twice.
+    assert _configured(sim) == [200]
+
+
+def test_F8b_resize_submitted_with_the_config_not_journalled(crash: Crash, sim: Sim) -> None:
+    """F8b: the step that saw the upload end wrote the config and submitted the resize, and
+    dies before its commit: nothing of it is journalled, not even the resize's UPID."""
+    crash.before_commit("resize", "wait")
+    crash.create()
+    death = crash.run_to_death()
+    (resize,) = _ledger(sim, "PUT", RESIZE)
+    assert resize.upid not in death.receipts
+    assert death.stage == "upload_wait" and death.claim_held
+    crash.recover()
+    crash.assert_created()
+    # Recovery read back what the dead step did: the disk grown (or its resize still running)
+    # and the config as wanted; neither was sent again.
+    assert len(_ledger(sim, "PUT", RESIZE)) == 1
+    assert _configured(sim) == [200]
 
 
 def test_F9_disk_grown_worker_dies_before_the_start(crash: Crash, sim: Sim) -> None:
@@ -600,10 +627,26 @@ def test_F9_disk_grown_worker_dies_before_the_start(crash: Crash, sim: Sim) -> N
     death = crash.run_to_death()
     (resize,) = _ledger(sim, "PUT", RESIZE)
     assert resize.upid in death.receipts
-    assert death.stage == "start" and death.claim_held
+    # The start is submitted by the step that saw the resize end (CreateMachine.follows).
+    assert death.stage == "resize_wait" and death.claim_held
     assert _ledger(sim, "POST", START) == []
     crash.recover()
     crash.assert_created()
+
+
+def test_F9b_start_submitted_by_the_resize_wait_not_journalled(crash: Crash, sim: Sim) -> None:
+    """F9b: the step that saw the resize end submitted the start, and dies before its commit:
+    the start's UPID is not journalled."""
+    crash.before_commit("start", "wait")
+    crash.create()
+    death = crash.run_to_death()
+    (start,) = _ledger(sim, "POST", START)
+    assert start.upid not in death.receipts
+    assert death.stage == "resize_wait" and death.claim_held
+    crash.recover()
+    crash.assert_created()
+    # Recovery found the VM started (or its start still running): no second start was sent.
+    assert len(_ledger(sim, "POST", START)) == 1
 
 
 @IN_FLIGHT

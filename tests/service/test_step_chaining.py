@@ -15,8 +15,8 @@ from django.db import OperationalError
 from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation, OperationStep, Proxy
-from provisioning.models.choices import Phase
-from provisioning.services import driver, operations, slots
+from provisioning.models.choices import OperationKind, Phase
+from provisioning.services import driver, operations, runners, slots
 
 pytestmark = pytest.mark.django_db
 
@@ -128,3 +128,94 @@ def test_a_database_error_after_a_chained_step_committed_still_leaves_its_messag
         assert "its-token" in {m.token for m in pump.queue}, "the woken waiter has no message"
     pump.run()
     assert Proxy.objects.get(name="p0").phase == Phase.RUNNING
+
+
+def _passed_by_stage(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
+    """Each journalled step of the run, as (the stage it reports, the stages it passed on its
+    way: ``StepMachine.follows``)."""
+    seen: list[tuple[str, list[str]]] = []
+    journal = driver.journal_step
+
+    def journalled(op: Any, outcome: Any, now: Any) -> None:
+        seen.append((outcome.result.step, [p.step for p in outcome.result.passed]))
+        journal(op, outcome, now)
+
+    monkeypatch.setattr(driver, "journal_step", journalled)
+    return seen
+
+
+def test_a_step_goes_on_to_the_stages_that_need_no_other_slot(
+    pump: Pump, sim: Sim, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload's poll writes the config and submits the resize, and the resize's poll
+    submits the start, in the step that saw the task end; every stage keeps its journal row."""
+    settings.PROXYHUB_NODE_TASK_LIMIT = 3
+    seen = _passed_by_stage(monkeypatch)
+    pump.call(operations.proxies_create, specs=[proxy_spec(sim, "p0")])
+    pump.run()
+    proxy = Proxy.objects.get(name="p0")
+    assert proxy.phase == Phase.RUNNING and proxy.ip
+    passed = dict(seen)
+    assert "configure" not in passed and passed["resize"] == ["upload_wait", "configure"]
+    assert passed["start"] == ["resize_wait"], seen
+    names = list(
+        OperationStep.objects.filter(operation__proxy=proxy)
+        .order_by("seq")
+        .values_list("name", flat=True)
+    )
+    assert names[:8] == [
+        "lookup",
+        "clone",
+        "upload",
+        "configure",
+        "resize",
+        "start",
+        "running",
+        "address",
+    ]
+    assert all(
+        OperationStep.objects.get(operation__proxy=proxy, name=name).upid
+        for name in ("clone", "upload", "resize", "start")
+    )
+
+
+def test_a_step_goes_on_only_on_the_slots_it_holds(sim: Sim, settings: Any) -> None:
+    """``runners.may_follow``: the next stage may run in the step only when it needs no slot
+    the step lacks. With a storage cap, a resize writes to the disks' storage, whose slot the
+    upload's poll does not hold (it holds the seeds' storage's): it is a step of its own and
+    takes that slot first. A stage on another node never follows."""
+    settings.PROXYHUB_NODE_TASK_LIMIT = 3
+    settings.PROXYHUB_STORAGE_TASK_LIMIT = 2
+    cluster = sim.cluster
+    cluster.storage = "vmdisks"  # in memory only: the clone target whose slots are capped
+    op = Operation(kind=OperationKind.CREATE, cluster=cluster)
+    op.cluster_switched = False  # type: ignore[attr-defined]  # the driver's read annotates it
+    polled = {"create": {"stage": "upload_wait", "node": "pve1", "upid": "UPID:pve1:1"}}
+    may = runners.may_follow(op, polled)
+    assert may is not None
+    assert may({"stage": "configure", "node": "pve1"})
+    assert not may({"stage": "resize", "node": "pve1"})
+    assert not may({"stage": "start", "node": "pve2"})
+    settings.PROXYHUB_STORAGE_TASK_LIMIT = 0
+    may = runners.may_follow(op, polled)
+    assert may is not None and may({"stage": "resize", "node": "pve1"})
+    # A record that holds nothing (nothing submitted yet) goes on to nothing.
+    assert runners.may_follow(op, {"create": {"stage": "lookup"}}) is None
+
+
+def test_no_step_goes_on_while_a_maintenance_switch_is_on_in_the_cluster(
+    pump: Pump, sim: Sim, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage that writes is held by a switch on its node, and a step is checked only for its
+    own stage: with any switch on in the cluster (here another node's), every stage is a step
+    of its own, checked on its own."""
+    from provisioning.services.maintenance import maintenance_start
+
+    settings.PROXYHUB_NODE_TASK_LIMIT = 3
+    maintenance_start(cluster=sim.cluster, node="pve2", reason="disk swap", user=None)
+    seen = _passed_by_stage(monkeypatch)
+    pump.call(operations.proxies_create, specs=[proxy_spec(sim, "p0")])
+    pump.run()
+    assert Proxy.objects.get(name="p0").phase == Phase.RUNNING
+    assert [stage for stage, _ in seen].count("configure") == 1, seen
+    assert all(not passed for _, passed in seen), seen

@@ -41,6 +41,10 @@ MET = 3
 # 13 while a submitting step read its held slots and its node's slots apart (slots.slots_look);
 # 12 while it read the maintenance switches itself (maintenance.with_switches_flag).
 STEP_BUDGET = 11
+# A stage a step ran and ended on its way (CreateMachine.follows: the config write after the
+# upload's end, the resize and the start after the task before them) costs its journal row,
+# one statement, where a step of its own cost up to STEP_BUDGET.
+PASSED = 1
 
 
 def _clock_reads(captured: list[dict[str, Any]]) -> int:
@@ -68,9 +72,10 @@ def _switch_read(sql: str) -> bool:
     return sql.startswith('SELECT "provisioning_maintenancewindow"')
 
 
-def _extra(sql: list[str]) -> int:
-    """Statements a step spends on work beside its own: a slot given back."""
-    return RELEASE if any(_releases(q) for q in sql) else 0
+def _extra(sql: list[str], passed: int = 0) -> int:
+    """Statements a step spends on work beside its own: a slot given back, and the journal
+    rows of the ``passed`` stages it ran and ended on its way."""
+    return (RELEASE if any(_releases(q) for q in sql) else 0) + PASSED * passed
 
 
 def _stage(operation_id: str) -> str:
@@ -88,19 +93,28 @@ def test_each_step_of_a_create_stays_within_its_statement_budget(
     pump.run()
     pump.call(operations.proxies_create, specs=[proxy_spec(sim, "p0")])
     real = driver._run_one
+    journal = driver.journal_step
     seen: list[tuple[str, list[str]]] = []
+    passed: list[int] = []
     clock_reads: list[int] = []
 
     def counted(**kwargs: Any) -> str | None:
         # One step (a delivery may run several: driver.operation_run_step).
         stage = _stage(kwargs["operation_id"])
+        passed.append(0)
         with CaptureQueriesContext(connection) as ctx:
             chained = real(**kwargs)
         seen.append((stage, _table_statements(ctx.captured_queries)))
         clock_reads.append(_clock_reads(ctx.captured_queries))
         return chained
 
+    def journalled(op: Any, outcome: Any, now: Any) -> None:
+        # The stages the step ran and ended before the one it reports (StepMachine.follows).
+        passed[-1] = len(outcome.result.passed)
+        journal(op, outcome, now)
+
     monkeypatch.setattr(driver, "_run_one", counted)
+    monkeypatch.setattr(driver, "journal_step", journalled)
     # The database clock is read once per anchor (services.clock), not by every step: the
     # anchor is made long enough to cover the create on a slow machine.
     monkeypatch.setattr(clock, "ANCHOR_SECONDS", 3600.0)
@@ -112,22 +126,38 @@ def test_each_step_of_a_create_stays_within_its_statement_budget(
     # The receipts are still journalled before the waits: every task stage kept its UPID.
     upids = dict(OperationStep.objects.filter(operation__proxy=proxy).values_list("name", "upid"))
     assert all(upids[name] for name in ("clone", "upload", "resize", "start")), upids
-    polls = [(stage, len(sql) - _extra(sql)) for stage, sql in seen if stage.endswith("_wait")]
+    polls = [
+        (stage, len(sql) - _extra(sql, n))
+        for (stage, sql), n in zip(seen, passed, strict=True)
+        if stage.endswith("_wait")
+    ]
     assert len(polls) >= 4, seen
     ending = max(i for i, (stage, _) in enumerate(seen) if stage == "start_wait")
     over = [
         (stage, sql)
         for i, (stage, sql) in enumerate(seen)
-        if i and len(sql) - _extra(sql) > STEP_BUDGET + (MET if i == ending else 0)
+        if i and len(sql) - _extra(sql, passed[i]) > STEP_BUDGET + (MET if i == ending else 0)
     ]
     assert not over, [(stage, len(sql), sql) for stage, sql in over]
     assert "running" not in [stage for stage, _ in seen], [stage for stage, _ in seen]
+    # The config write, the resize and the start run in the step that saw the task before them
+    # end: none is a step of its own.
+    assert not {"configure", "resize", "start"} & {stage for stage, _ in seen}, seen
     # No maintenance switch is on in the cluster: the operation's own read says so, and no step
     # asks the switches table itself (it did once per writing step).
     asked = [stage for stage, sql in seen for q in sql if _switch_read(q)]
     assert not asked, asked
     last_start = max(i for i, (stage, _) in enumerate(polls) if stage == "start_wait")
-    budgets = [POLL_BUDGET + (MET if i == last_start else 0) for i in range(len(polls))]
+    # A poll whose step went on to submit the next task (CreateMachine.follows) is a
+    # submitting step too, with any step's budget.
+    followed = [
+        n > 0 for (stage, _), n in zip(seen, passed, strict=True) if stage.endswith("_wait")
+    ]
+    budgets = [
+        (STEP_BUDGET if followed[i] else POLL_BUDGET) + (MET if i == last_start else 0)
+        for i in range(len(polls))
+    ]
+    assert any(followed), polls
     assert all(n <= budget for (_, n), budget in zip(polls, budgets, strict=True)), polls
     # PostgreSQL's clock, once for the whole create (each step read it two or three times);
     # SQLite's is the local clock and is never read.

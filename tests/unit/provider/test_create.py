@@ -23,7 +23,7 @@ from provisioning.proxmox.ids import vmid_for
 from provisioning.proxmox.marks import parse_mark, render_mark
 from provisioning.proxmox.provider import Provider
 from provisioning.proxmox.seed import build_seed_iso, uid_tag
-from provisioning.proxmox.steps import StepResult, advance
+from provisioning.proxmox.steps import TIMING, StepResult, advance
 from tests.support.simtransport import sim_api
 
 CLONE = "POST /nodes/{node}/qemu/{vmid}/clone"
@@ -588,3 +588,62 @@ def test_a_lookup_that_finds_no_vm_says_a_recorded_identity_is_gone(
     assert looked.status == "continue" and looked.progress["stage"] == "clone"
     assert looked.vm_gone is recorded
     assert world.engine.ledger.mutations() == []  # said before anything is cloned
+
+
+def _create_with(world: World, req: CreateRequest, may_follow: Any) -> list[StepResult]:
+    """Every step of a create whose steps may go on as ``may_follow`` says."""
+    world.drive(
+        lambda p: world.provider.create_step(req, p, may_follow=may_follow),
+        world.provider.new_create_progress(),
+    )
+    return world.results
+
+
+def test_the_steps_after_a_task_ended_go_on_to_the_stages_that_follow(world: World) -> None:
+    """Issue 12: the poll that sees the upload end writes the config and submits the resize,
+    and the one that sees the resize end submits the start (``CreateMachine.follows``): no
+    step of their own, each still reported as passed, with the poll's timing kept."""
+    results = _create_with(world, world.request("follow"), lambda record: True)
+    steps = [r.step for r in results]
+    assert "configure" not in steps and "resize" in steps and "start" in steps
+    resize = next(r for r in results if r.step == "resize")
+    assert resize.status == "wait" and resize.upid
+    assert [(p.step, p.status) for p in resize.passed] == [
+        ("upload_wait", "continue"),
+        ("configure", "continue"),
+    ]
+    assert TIMING in resize.details  # the upload's wait, for the estimates
+    start = next(r for r in results if r.step == "start")
+    assert [p.step for p in start.passed] == ["resize_wait"]
+    # Each stage still ran once: one config write, one resize, one start.
+    assert world.engine.ledger.count("PUT", RESIZE) == 1
+    assert world.engine.ledger.count("POST", START) == 1
+
+
+def test_no_stage_is_followed_unless_the_caller_allows_it(world: World) -> None:
+    """Without ``may_follow``, or when it says no for the next stage's record, every stage is a
+    step of its own, as the services need when a slot or a maintenance switch is in question."""
+    asked: list[str] = []
+
+    def only_configure(record: dict[str, Any]) -> bool:
+        asked.append(str(record.get("stage")))
+        return record.get("stage") == "configure"
+
+    results = _create_with(world, world.request("asked"), only_configure)
+    # The configure was allowed: it ran in the upload's poll, and ended that step.
+    (configure,) = [r for r in results if r.step == "configure"]
+    assert [p.step for p in configure.passed] == ["upload_wait"]
+    # The resize and the start were asked about and refused: each a step of its own.
+    assert {"resize", "start"} <= set(asked)
+    assert all(not r.passed for r in results if r.step in ("resize", "start"))
+    world.results.clear()
+    plain = _create_with(world, world.request("plain"), None)
+    assert "configure" in [r.step for r in plain]
+    assert all(not r.passed for r in plain)
+
+
+def test_the_lookup_is_never_followed(world: World) -> None:
+    """The lookup's verdict (a VM gone, an identity to forget) commits before any clone."""
+    results = _create_with(world, world.request("first"), lambda record: True)
+    assert results[0].step == "lookup" and results[0].status == "continue"
+    assert all(p.step != "lookup" for r in results for p in r.passed)
