@@ -237,9 +237,15 @@ def with_switches_flag(operations: QuerySet[Operation]) -> QuerySet[Operation]:
     )
 
 
+def no_switch_read(op: Operation) -> bool:
+    """Whether the operation's read (``with_switches_flag``) found no switch on in its cluster;
+    False when it was read without the flag, which then says nothing."""
+    return getattr(op, "cluster_switched", True) is False
+
+
 def operation_blocking(op: Operation) -> Blocking | None:
     """The switch that holds the operation's next step, or None when it may run."""
-    if op.cluster_id is None or getattr(op, "cluster_switched", True) is False:
+    if op.cluster_id is None or no_switch_read(op):
         return None
     nodes = nodes_written(op)
     if nodes is None:

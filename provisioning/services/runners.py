@@ -35,7 +35,7 @@ from provisioning.proxmox.template_build import TemplateBuildRequest
 from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait, seen_at
 from provisioning.sealing import SealError
 
-from . import slots
+from . import maintenance, slots
 from .drift import built_spec, proxy_spec
 from .durations import durations_elsewhere, durations_expected
 from .installation import identity_conflict
@@ -194,7 +194,7 @@ def may_follow(op: Operation, progress: dict[str, Any]) -> Callable[[dict[str, A
     operation's read found no maintenance switch in its cluster (``maintenance``: a stage that
     writes is held by a switch on its node, and the driver asked only about this step's stage).
     None: every stage is a step of its own."""
-    if getattr(op, "cluster_switched", True) is not False:
+    if not maintenance.no_switch_read(op):
         return None
     held = set(slots.need_of(op, progress).keys)
     if not held:

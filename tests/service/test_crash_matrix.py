@@ -603,23 +603,6 @@ def test_F8_config_put_applied_not_journalled_before_the_resize(crash: Crash, si
     assert _configured(sim) == [200]
 
 
-def test_F8b_resize_submitted_with_the_config_not_journalled(crash: Crash, sim: Sim) -> None:
-    """F8b: the step that saw the upload end wrote the config and submitted the resize, and
-    dies before its commit: nothing of it is journalled, not even the resize's UPID."""
-    crash.before_commit("resize", "wait")
-    crash.create()
-    death = crash.run_to_death()
-    (resize,) = _ledger(sim, "PUT", RESIZE)
-    assert resize.upid not in death.receipts
-    assert death.stage == "upload_wait" and death.claim_held
-    crash.recover()
-    crash.assert_created()
-    # Recovery read back what the dead step did: the disk grown (or its resize still running)
-    # and the config as wanted; neither was sent again.
-    assert len(_ledger(sim, "PUT", RESIZE)) == 1
-    assert _configured(sim) == [200]
-
-
 def test_F9_disk_grown_worker_dies_before_the_start(crash: Crash, sim: Sim) -> None:
     """F9: after resize, before start."""
     crash.before_call("POST", START)
@@ -634,19 +617,32 @@ def test_F9_disk_grown_worker_dies_before_the_start(crash: Crash, sim: Sim) -> N
     crash.assert_created()
 
 
-def test_F9b_start_submitted_by_the_resize_wait_not_journalled(crash: Crash, sim: Sim) -> None:
-    """F9b: the step that saw the resize end submitted the start, and dies before its commit:
-    the start's UPID is not journalled."""
-    crash.before_commit("start", "wait")
+@pytest.mark.parametrize(
+    ("step", "method", "path", "polled"),
+    [
+        pytest.param("resize", "PUT", RESIZE, "upload_wait", id="F8b-config-and-resize"),
+        pytest.param("start", "POST", START, "resize_wait", id="F9b-start"),
+    ],
+)
+def test_F8b_F9b_a_step_that_went_on_dies_before_its_commit(
+    crash: Crash, sim: Sim, step: str, method: str, path: str, polled: str
+) -> None:
+    """F8b: the step that saw the upload end wrote the config and submitted the resize; F9b:
+    the step that saw the resize end submitted the start (CreateMachine.follows). Each dies
+    before its commit: nothing of it is journalled, not even the submitted task's UPID, and the
+    record still waits for the task before."""
+    crash.before_commit(step, "wait")
     crash.create()
     death = crash.run_to_death()
-    (start,) = _ledger(sim, "POST", START)
-    assert start.upid not in death.receipts
-    assert death.stage == "resize_wait" and death.claim_held
+    (submitted,) = _ledger(sim, method, path)
+    assert submitted.upid not in death.receipts
+    assert death.stage == polled and death.claim_held
     crash.recover()
     crash.assert_created()
-    # Recovery found the VM started (or its start still running): no second start was sent.
-    assert len(_ledger(sim, "POST", START)) == 1
+    # Recovery read back what the dead step did (the disk grown or the VM started, or its task
+    # still running; the config as wanted): nothing was sent again.
+    assert len(_ledger(sim, method, path)) == 1
+    assert _configured(sim) == [200]
 
 
 @IN_FLIGHT
