@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
 from benchmarks.floor import create_floor, fleet_floor  # noqa: E402
-from benchmarks.observe import worker_log  # noqa: E402
+from benchmarks.observe import worker_load, worker_log  # noqa: E402
 from benchmarks.record import (  # noqa: E402
     Figure,
     append_report,
@@ -251,6 +251,8 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
     to_running = [e for e in entries if int(e["seq"]) <= last_agent]
     return {
         "entriesToRunning": to_running,
+        "startedAt": first,
+        "addressedAt": max(float(a) for a in addressed),
         "wall": max(float(a) for a in addressed) - first,
         "wallToFinished": max(float(op["finishedAt"] or 0) for op in ops) - first,
         "createCommandSeconds": round(command, 3),
@@ -312,6 +314,8 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         to_running = run.pop("entriesToRunning")
         run.pop("operations")
         run.pop("slotWaits")
+        run.pop("startedAt")
+        run.pop("addressedAt")
         run["steps"] = run.pop("timeline")
         run["ratio"] = run["wall"] / floor.seconds
         run["requests"] = requests_summary(entries, 1)
@@ -355,6 +359,12 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         series = inflight(tasks, cap=CAP, held_back=waits)
         run.update(
             {
+                "worker": worker_load(
+                    worker_log(stack.logdir / "worker-bench.log"),
+                    run.pop("startedAt"),
+                    run.pop("addressedAt"),
+                    n,
+                ),
                 "floorSeconds": floor.seconds,
                 "floor": asdict(floor),
                 "ratio": run["wall"] / floor.seconds,
@@ -385,6 +395,10 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "shareAtCapPerNode": {
             k: round(v["secondsAtCap"] / runs[-1]["wall"], 3) for k, v in last.items()
         },
+        # The worker's side of the same runs (worker_load): near 1, its one process set the pace.
+        "workerBusyShare": spread([r["worker"]["busyShare"] for r in runs]),
+        "deliveriesPerCreate": spread([r["worker"]["deliveriesPerCreate"] for r in runs], digits=2),
+        "msPerDelivery": spread([r["worker"]["msPerDelivery"] for r in runs], digits=1),
         "runs": runs,
     }
 
@@ -584,6 +598,13 @@ def run_suite(
                 if "makespan" in only:
                     out["makespan"] = measure_makespan(stack, sizes)
                     log(f"makespan: ratio {out['makespan']['ratio']}")
+                    mk = out["makespan"]
+                    log(
+                        f"makespan: the worker ran step deliveries "
+                        f"{mk['workerBusyShare']['median']} of the span, "
+                        f"{mk['deliveriesPerCreate']['median']} per create, "
+                        f"{mk['msPerDelivery']['median']} ms each (medians)"
+                    )
                     if py_spy:
                         out.setdefault("profiles", {})
                         out["profiles"]["makespanWorker"] = profile_makespan(stack, sizes)
@@ -661,6 +682,9 @@ def figures(result: dict[str, Any], details: dict[str, Any]) -> dict[str, Figure
                 "maxInflightPerNode": mk["maxInflightPerNode"],
                 "secondsWaitingBelowCap": mk["secondsWaitingBelowCap"],
                 "shareAtCapPerNode": mk["shareAtCapPerNode"],
+                "workerBusyShare": mk["workerBusyShare"],
+                "deliveriesPerCreate": mk["deliveriesPerCreate"],
+                "msPerDelivery": mk["msPerDelivery"],
             },
         )
     if "concurrency" in result:

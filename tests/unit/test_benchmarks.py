@@ -15,6 +15,7 @@ import socket
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -27,6 +28,7 @@ from benchmarks.observe import (
     backoff_summary,
     deliveries_from_log,
     log_counts,
+    worker_load,
     worker_log,
 )
 from benchmarks.record import Figure, record_latest, record_suite, variant
@@ -233,6 +235,30 @@ def test_the_worker_log_gives_each_delivery_its_operation_cluster_and_run_time(
     assert (counts["readsRetried"], counts["stepsRetriedInPlace"]) == (1, 2)
     # Two runs again in one delivery: pauses of 0.1 and 0.2 s expected.
     assert counts["inPlacePauseSecondsExpected"] == pytest.approx(0.3)
+
+
+def test_the_worker_load_of_a_makespan_counts_the_deliveries_that_ended_in_its_span() -> None:
+    def delivery(t: float, task: str, runtime: float) -> dict[str, Any]:
+        return {
+            "t": t,
+            "task_id": task,
+            "task_name": "proxyhub.provisioning.step",
+            "message": f"Task proxyhub.provisioning.step[{task}] succeeded in {runtime}s: None",
+        }
+
+    lines = [
+        delivery(99.0, "before", 0.5),  # ended before the first request: not this run's
+        delivery(100.2, "a", 0.02),
+        delivery(100.5, "b", 0.03),
+        delivery(101.0, "c", 0.025),
+        delivery(103.0, "after", 0.5),  # the seed's release after the last address
+    ]
+    load = worker_load(lines, 100.0, 102.0, 2)
+    assert load["deliveries"] == 3
+    assert load["deliveriesPerCreate"] == 1.5
+    assert load["msPerDelivery"] == 25.0
+    assert load["busyShare"] == pytest.approx(0.075 / 2.0, abs=0.001)
+    assert worker_load([], 100.0, 102.0, 2)["msPerDelivery"] is None
 
 
 # --- issue 12's suite (benchmarks/suite.py): its floors, statistics and results --------------
