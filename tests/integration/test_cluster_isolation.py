@@ -44,6 +44,13 @@ DEAD = "blackhole"
 REQUEST_TIMEOUT = 4.0
 # A delivery admitted just before the breaker opened still sends its request, within this long.
 ADMITTED_BEFORE = 1.0
+# The probe that ends an open span is stamped twice on two clocks: the breaker's change by the
+# worker's database clock (services/clock.py: the server's time carried on the worker's
+# monotonic clock, within the quarter second claims.DUE_SLACK allows), its connection by this
+# process's wall clock. A clean-clone CI run (2026-12-07) saw the probe's connection land a
+# fraction of a second before the change that admitted it was stamped; a request that close to
+# the span's end is that probe, not a step that ignored the breaker.
+PROBE_CLOCK_SLACK = 0.25
 
 BREAKER_SQL = """
 SELECT b.state, b.failures, b.times_opened, b.changed_at, b.retry_at
@@ -112,12 +119,12 @@ def _new_requests(connections: list[Connection], opened: float, ended: float) ->
     """Seconds after ``opened`` at which a request reached the dead cluster before ``ended``,
     leaving out those of deliveries admitted before the opening: in its first second, or right
     after another connection ended (a read sent again in place after a failed connect,
-    ``ReadRetry``)."""
+    ``ReadRetry``); and the probe that ended the span (``PROBE_CLOCK_SLACK``)."""
     ends = [c.closed for c in connections if c.closed is not None]
     return [
         round(c.accepted - opened, 1)
         for c in connections
-        if opened + ADMITTED_BEFORE < c.accepted < ended
+        if opened + ADMITTED_BEFORE < c.accepted < ended - PROBE_CLOCK_SLACK
         and not any(0.0 <= c.accepted - end < 1.0 for end in ends)
     ]
 
