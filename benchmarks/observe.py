@@ -325,17 +325,3 @@ def log_counts(lines: Sequence[dict[str, Any]], start: float, end: float) -> dic
         "stepsRetriedInPlace": messages["step retried in place"],
         "inPlacePauseSecondsExpected": round(in_place_pause, 2),
     }
-
-
-def worker_load(
-    lines: Sequence[dict[str, Any]], start: float, end: float, creates: int
-) -> dict[str, Any]:
-    """What the one worker process did from the first create's request (``start``) to the
-    last address (``end``), from its log's ``lines`` (``observe.worker_log``): its step
-    deliveries, the share of that span they ran (``busyShare``), per create and on average
-    (``observe.log_counts``). A busy share near 1 says the makespan was the worker's delivery
-    cost, not the simulator's tasks; the ms per delivery says what one cost on this machine
-    that day."""
-    counts = log_counts(lines, start, end)
-    deliveries = int(counts["deliveries"])
-    return {**counts, "deliveriesPerCreate": round(deliveries / creates, 2) if creates else None}

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
 from benchmarks.floor import create_floor, fleet_floor  # noqa: E402
-from benchmarks.observe import worker_load, worker_log  # noqa: E402
+from benchmarks.observe import log_counts, worker_log  # noqa: E402
 from benchmarks.record import (  # noqa: E402
     Figure,
     append_report,
@@ -249,11 +249,12 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
     # clock, not the journal's); the seed's release that follows is counted apart.
     last_agent = max((int(e["seq"]) for e in entries if "/agent/" in str(e["key"])), default=0)
     to_running = [e for e in entries if int(e["seq"]) <= last_agent]
+    last_address = max(float(a) for a in addressed)
     return {
         "entriesToRunning": to_running,
         "startedAt": first,
-        "addressedAt": max(float(a) for a in addressed),
-        "wall": max(float(a) for a in addressed) - first,
+        "addressedAt": last_address,
+        "wall": last_address - first,
         "wallToFinished": max(float(op["finishedAt"] or 0) for op in ops) - first,
         "createCommandSeconds": round(command, 3),
         "states": dict(Counter(str(op["state"]) for op in ops)),
@@ -357,14 +358,17 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
             node_task_limit=CAP,
         )
         series = inflight(tasks, cap=CAP, held_back=waits)
+        # The one worker process from the first request to the last address: near 1, its
+        # deliveries set the pace, not the simulator's tasks (README, "The worker's side").
+        worker = log_counts(
+            worker_log(stack.logdir / "worker-bench.log"),
+            run.pop("startedAt"),
+            run.pop("addressedAt"),
+        )
+        worker["deliveriesPerCreate"] = round(worker["deliveries"] / n, 2)
         run.update(
             {
-                "worker": worker_load(
-                    worker_log(stack.logdir / "worker-bench.log"),
-                    run.pop("startedAt"),
-                    run.pop("addressedAt"),
-                    n,
-                ),
+                "worker": worker,
                 "floorSeconds": floor.seconds,
                 "floor": asdict(floor),
                 "ratio": run["wall"] / floor.seconds,
@@ -395,7 +399,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "shareAtCapPerNode": {
             k: round(v["secondsAtCap"] / runs[-1]["wall"], 3) for k, v in last.items()
         },
-        # The worker's side of the same runs (worker_load): near 1, its one process set the pace.
+        # The worker's side of the same runs (above).
         "workerBusyShare": spread([r["worker"]["busyShare"] for r in runs]),
         "deliveriesPerCreate": spread([r["worker"]["deliveriesPerCreate"] for r in runs], digits=2),
         "msPerDelivery": spread([r["worker"]["msPerDelivery"] for r in runs], digits=1),

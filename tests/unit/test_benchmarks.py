@@ -28,7 +28,6 @@ from benchmarks.observe import (
     backoff_summary,
     deliveries_from_log,
     log_counts,
-    worker_load,
     worker_log,
 )
 from benchmarks.record import Figure, record_latest, record_suite, variant
@@ -237,7 +236,7 @@ def test_the_worker_log_gives_each_delivery_its_operation_cluster_and_run_time(
     assert counts["inPlacePauseSecondsExpected"] == pytest.approx(0.3)
 
 
-def test_the_worker_load_of_a_makespan_counts_the_deliveries_that_ended_in_its_span() -> None:
+def test_a_makespans_worker_counts_only_the_deliveries_that_ended_in_its_span() -> None:
     def delivery(t: float, task: str, runtime: float) -> dict[str, Any]:
         return {
             "t": t,
@@ -253,12 +252,11 @@ def test_the_worker_load_of_a_makespan_counts_the_deliveries_that_ended_in_its_s
         delivery(101.0, "c", 0.025),
         delivery(103.0, "after", 0.5),  # the seed's release after the last address
     ]
-    load = worker_load(lines, 100.0, 102.0, 2)
+    load = log_counts(lines, 100.0, 102.0)
     assert load["deliveries"] == 3
-    assert load["deliveriesPerCreate"] == 1.5
     assert load["msPerDelivery"] == 25.0
     assert load["busyShare"] == pytest.approx(0.075 / 2.0, abs=0.001)
-    assert worker_load([], 100.0, 102.0, 2)["msPerDelivery"] is None
+    assert log_counts([], 100.0, 102.0)["msPerDelivery"] is None
 
 
 # --- issue 12's suite (benchmarks/suite.py): its floors, statistics and results --------------
