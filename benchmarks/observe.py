@@ -250,15 +250,17 @@ def worker_log(path: Path) -> list[dict[str, Any]]:
 
 def deliveries_from_log(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """task id → {"operation", "runtime" (seconds), "end" (epoch), "clusters" ({name: Proxmox
-    calls}), "failed" (calls that got no answer), "failedSeconds"}, for every step delivery
-    that finished in the log. Celery's line for a finished delivery carries its arguments, so
-    every delivery is attributed to its operation, those that only deferred included."""
+    calls}), "calls" (the calls' names in order, a failed one marked ``!``), "failed" (calls
+    that got no answer), "failedSeconds"}, for every step delivery that finished in the log.
+    Celery's line for a finished delivery carries its arguments, so every delivery is
+    attributed to its operation, those that only deferred included."""
     tasks: dict[str, dict[str, Any]] = defaultdict(
         lambda: {
             "operation": None,
             "runtime": None,
             "end": None,
             "clusters": Counter(),
+            "calls": [],
             "failed": 0,
             "failedSeconds": 0.0,
         }
@@ -272,7 +274,9 @@ def deliveries_from_log(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
         cluster = line.get("cluster")
         if cluster and message.startswith("proxmox api call"):
             entry["clusters"][cluster] += 1
-            if message == "proxmox api call failed":
+            failed = message == "proxmox api call failed"
+            entry["calls"].append(f"{line.get('call') or '?'}{'!' if failed else ''}")
+            if failed:
                 entry["failed"] += 1
                 entry["failedSeconds"] += float(line.get("duration") or 0.0)
         found = _SUCCEEDED.search(message)
@@ -284,6 +288,36 @@ def deliveries_from_log(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
             op = _OPERATION_ARG.search(kwargs)
             entry["operation"] = op.group(1) if op else None
     return {k: v for k, v in tasks.items() if v["runtime"] is not None}
+
+
+def deliveries_by_calls(
+    lines: Sequence[dict[str, Any]], start: float, end: float, top: int = 12
+) -> list[dict[str, Any]]:
+    """The step deliveries that ended between ``start`` and ``end``, grouped by the Proxmox
+    calls each made (``"node_tasks,start"``; ``"(none)"`` for one that made none: a deferral, a
+    slot wait, a stale message), the groups that took most of the worker's time first: what a
+    makespan's worker spent its span on, by what the deliveries did (README, "The worker's
+    side"). Each group: ``calls``, ``deliveries``, ``seconds``, ``share`` of all those
+    deliveries' seconds."""
+    ended = [
+        d
+        for d in deliveries_from_log(lines).values()
+        if d["end"] is not None and start <= d["end"] <= end
+    ]
+    total = sum(d["runtime"] for d in ended)
+    groups: dict[str, list[float]] = defaultdict(list)
+    for d in ended:
+        groups[",".join(d["calls"]) or "(none)"].append(d["runtime"])
+    ranked = sorted(groups.items(), key=lambda item: (-sum(item[1]), item[0]))
+    return [
+        {
+            "calls": calls,
+            "deliveries": len(runtimes),
+            "seconds": round(sum(runtimes), 2),
+            "share": round(sum(runtimes) / total, 3) if total else None,
+        }
+        for calls, runtimes in ranked[:top]
+    ]
 
 
 def log_counts(lines: Sequence[dict[str, Any]], start: float, end: float) -> dict[str, Any]:

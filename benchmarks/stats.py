@@ -4,7 +4,8 @@ check them (tests/unit/test_benchmarks.py) without a stack.
 * ``spread``: median and range of repeated runs, so a reader can tell a change from noise;
 * ``percentile``: nearest-rank percentile (p95 of the Celery round trips);
 * ``max_overlap``: the most intervals open at one moment (creates one worker drove at once);
-* ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap.
+* ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap;
+* ``lanes_used``: how much of a node's cap its tasks filled while it still had clones to run.
 """
 
 from __future__ import annotations
@@ -192,3 +193,42 @@ def _last_time(task: Mapping[str, Any]) -> float:
         for v in (task.get("submitted"), task.get("startedAt"), task.get("endedAt"))
         if v is not None
     )
+
+
+def lanes_used(
+    tasks: Sequence[Mapping[str, Any]], *, node: str, cap: int, clone_type: str = "qmclone"
+) -> dict[str, Any]:
+    """How full ``node``'s ``cap`` task slots were from its first task to its last clone's
+    submission, from the simulator's task timeline: in a capped fleet every create's clone runs
+    on the template's node, so up to that moment there was always work for it and an empty slot
+    is a transition proxyhub had not made yet (a task's end not noticed, the next one not yet
+    submitted). ``utilisation``: task-seconds over slot-seconds; ``idleMsPerTaskEnd``: the idle
+    slot time per task that ended in that window, what each transition cost on average."""
+    mine = [t for t in tasks if str(t["node"]) == node and t.get("startedAt") is not None]
+    clones = [float(t["submitted"]) for t in mine if t.get("type") == clone_type]
+    if not mine or not clones:
+        return {"seconds": 0.0, "utilisation": None, "idleMsPerTaskEnd": None, "taskEnds": 0}
+    origin = min(float(t["startedAt"]) for t in mine)
+    until = max(clones)
+    events: list[tuple[float, int]] = []
+    for t in mine:
+        events.append((float(t["startedAt"]), 1))
+        if t.get("endedAt") is not None:
+            events.append((float(t["endedAt"]), -1))
+    events.sort()
+    running, last, busy, idle = 0, origin, 0.0, 0.0
+    for when, change in events:
+        if when > until:
+            break
+        busy += running * (when - last)
+        idle += max(0, cap - running) * (when - last)
+        running, last = running + change, when
+    busy += running * (until - last)
+    idle += max(0, cap - running) * (until - last)
+    ends = sum(1 for t in mine if t.get("endedAt") is not None and float(t["endedAt"]) <= until)
+    return {
+        "seconds": round(until - origin, 3),
+        "utilisation": round(busy / (busy + idle), 3) if busy + idle > 0 else None,
+        "idleMsPerTaskEnd": round(1000 * idle / ends, 1) if ends else None,
+        "taskEnds": ends,
+    }

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
 from benchmarks.floor import create_floor, fleet_floor  # noqa: E402
-from benchmarks.observe import log_counts, worker_log  # noqa: E402
+from benchmarks.observe import deliveries_by_calls, log_counts, worker_log  # noqa: E402
 from benchmarks.record import (  # noqa: E402
     Figure,
     append_report,
@@ -48,7 +48,14 @@ from benchmarks.record import (  # noqa: E402
     record_suite,
     shown,
 )
-from benchmarks.stats import inflight, max_overlap, median, percentile, spread  # noqa: E402
+from benchmarks.stats import (  # noqa: E402
+    inflight,
+    lanes_used,
+    max_overlap,
+    median,
+    percentile,
+    spread,
+)
 from tests.integration.itstack import Services, Stack, running_stack, wait_until  # noqa: E402
 
 INSIDE = REPO / "benchmarks" / "inside.py"
@@ -358,17 +365,19 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
             node_task_limit=CAP,
         )
         series = inflight(tasks, cap=CAP, held_back=waits)
-        # The one worker process from the first request to the last address: near 1, its
-        # deliveries set the pace, not the simulator's tasks (README, "The worker's side").
-        worker = log_counts(
-            worker_log(stack.logdir / "worker-bench.log"),
-            run.pop("startedAt"),
-            run.pop("addressedAt"),
-        )
+        # How full the template node's slots were while it had clones to run, and what the
+        # one worker process did from the first request to the last address (README, "The
+        # worker's side": a busy share near 1 alone does not say the worker sets the pace).
+        lanes = lanes_used(tasks, node=str(run["templateNode"]), cap=CAP)
+        lines = worker_log(stack.logdir / "worker-bench.log")
+        span = (run.pop("startedAt"), run.pop("addressedAt"))
+        worker = log_counts(lines, *span)
         worker["deliveriesPerCreate"] = round(worker["deliveries"] / n, 2)
+        worker["byCalls"] = deliveries_by_calls(lines, *span)
         run.update(
             {
                 "worker": worker,
+                "templateNodeLanes": lanes,
                 "floorSeconds": floor.seconds,
                 "floor": asdict(floor),
                 "ratio": run["wall"] / floor.seconds,
@@ -403,6 +412,12 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "workerBusyShare": spread([r["worker"]["busyShare"] for r in runs]),
         "deliveriesPerCreate": spread([r["worker"]["deliveriesPerCreate"] for r in runs], digits=2),
         "msPerDelivery": spread([r["worker"]["msPerDelivery"] for r in runs], digits=1),
+        "templateNodeUtilisation": spread(
+            [r["templateNodeLanes"]["utilisation"] or 0.0 for r in runs]
+        ),
+        "templateNodeIdleMsPerTaskEnd": spread(
+            [r["templateNodeLanes"]["idleMsPerTaskEnd"] or 0.0 for r in runs], digits=1
+        ),
         "runs": runs,
     }
 
@@ -609,6 +624,18 @@ def run_suite(
                         f"{mk['deliveriesPerCreate']['median']} per create, "
                         f"{mk['msPerDelivery']['median']} ms each (medians)"
                     )
+                    log(
+                        f"makespan: the template node's slots were "
+                        f"{mk['templateNodeUtilisation']['median']} full until its last clone, "
+                        f"{mk['templateNodeIdleMsPerTaskEnd']['median']} ms idle per task end "
+                        f"(medians)"
+                    )
+                    # What the last run's deliveries did, the costliest kinds first.
+                    for group in mk["runs"][-1]["worker"]["byCalls"][:5]:
+                        log(
+                            f"makespan: {group['deliveries']} deliveries, {group['seconds']} s "
+                            f"({group['share']:.0%}): {group['calls']}"
+                        )
                     if py_spy:
                         out.setdefault("profiles", {})
                         out["profiles"]["makespanWorker"] = profile_makespan(stack, sizes)

@@ -26,12 +26,13 @@ from benchmarks.floor import create_floor, fleet_floor
 from benchmarks.observe import (
     JournalWatch,
     backoff_summary,
+    deliveries_by_calls,
     deliveries_from_log,
     log_counts,
     worker_log,
 )
 from benchmarks.record import Figure, record_latest, record_suite, variant
-from benchmarks.stats import inflight, max_overlap, median, percentile, spread
+from benchmarks.stats import inflight, lanes_used, max_overlap, median, percentile, spread
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import RequestTimeout, classify
 from provisioning.proxmox.http import HttpTransport
@@ -259,6 +260,49 @@ def test_a_makespans_worker_counts_only_the_deliveries_that_ended_in_its_span() 
     assert log_counts([], 100.0, 102.0)["msPerDelivery"] is None
 
 
+def test_a_makespans_deliveries_are_grouped_by_the_proxmox_calls_they_made() -> None:
+    def line(t: float, task: str, message: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "t": t,
+            "task_id": task,
+            "task_name": "proxyhub.provisioning.step",
+            "message": message,
+            **extra,
+        }
+
+    def call(t: float, task: str, name: str, *, failed: bool = False) -> dict[str, Any]:
+        message = "proxmox api call failed" if failed else "proxmox api call"
+        return line(t, task, message, call=name, cluster="pvesim")
+
+    def done(t: float, task: str, runtime: float) -> dict[str, Any]:
+        return line(
+            t, task, f"Task proxyhub.provisioning.step[{task}] succeeded in {runtime}s: None"
+        )
+
+    lines = [
+        call(99.9, "early", "clone"),
+        done(99.95, "early", 0.5),  # ended before the span: not counted
+        call(100.1, "a", "node_tasks"),
+        call(100.11, "a", "start"),
+        done(100.12, "a", 0.03),
+        call(100.2, "b", "node_tasks"),
+        call(100.21, "b", "start"),
+        done(100.22, "b", 0.02),
+        call(100.3, "c", "agent_network_interfaces", failed=True),
+        done(100.31, "c", 0.01),
+        done(100.4, "d", 0.04),  # a slot wait: no call
+        call(100.5, "e", "agent_network_interfaces"),  # still running at the span's end
+    ]
+    groups = deliveries_by_calls(lines, 100.0, 101.0)
+    assert groups == [
+        {"calls": "node_tasks,start", "deliveries": 2, "seconds": 0.05, "share": 0.5},
+        {"calls": "(none)", "deliveries": 1, "seconds": 0.04, "share": 0.4},
+        {"calls": "agent_network_interfaces!", "deliveries": 1, "seconds": 0.01, "share": 0.1},
+    ]
+    assert deliveries_by_calls(lines, 100.0, 101.0, top=1)[0]["calls"] == "node_tasks,start"
+    assert deliveries_by_calls([], 100.0, 101.0) == []
+
+
 # --- issue 12's suite (benchmarks/suite.py): its floors, statistics and results --------------
 
 
@@ -470,3 +514,31 @@ def test_a_steps_time_is_told_by_the_function_the_step_called() -> None:
             "provisioning/services/driver.py:_run_one": 0.2,
         },
     }
+
+
+def test_the_template_nodes_lanes_count_idle_slots_only_until_its_last_clone() -> None:
+    def task(kind: str, start: float, end: float, node: str = "pve1") -> dict[str, Any]:
+        return {"node": node, "type": kind, "submitted": start, "startedAt": start, "endedAt": end}
+
+    # Two slots: one runs clones back to back; the other idles 0.1 s between a clone and the
+    # upload after it. The last clone is submitted at 0.4 s; what comes after is not counted.
+    tasks = [
+        task("qmclone", 0.0, 0.2),
+        task("qmclone", 0.2, 0.4),
+        task("qmclone", 0.4, 0.6),
+        task("qmclone", 0.0, 0.2),
+        task("imgcopy", 0.3, 0.5),
+        task("qmstart", 0.7, 0.8),
+        task("qmclone", 0.0, 0.3, node="pve2"),  # another node: not counted
+    ]
+    lanes = lanes_used(tasks, node="pve1", cap=2)
+    # Slot-seconds over [0, 0.4]: busy 0.4 + 0.3, idle 0.1 (0.2-0.3 on the second slot).
+    assert lanes["seconds"] == 0.4
+    assert lanes["utilisation"] == pytest.approx(0.7 / 0.8, abs=0.001)
+    # Three tasks ended by 0.4 s (two clones at 0.2, one at 0.4): 100 ms / 3.
+    assert lanes["taskEnds"] == 3
+    assert lanes["idleMsPerTaskEnd"] == pytest.approx(33.3, abs=0.1)
+    # A node kept full has no idle time; one without clones has nothing to say.
+    full = lanes_used([task("qmclone", 0.0, 0.2), task("qmclone", 0.2, 0.4)], node="pve1", cap=1)
+    assert (full["utilisation"], full["idleMsPerTaskEnd"]) == (1.0, 0.0)
+    assert lanes_used(tasks, node="pve3", cap=2)["utilisation"] is None
