@@ -322,9 +322,10 @@ def deliveries_by_calls(
 
 def log_counts(lines: Sequence[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
     """What the worker logged between ``start`` and ``end``: step deliveries and the seconds
-    they ran (``busyShare``: that over the window; near 1 with one worker process means the
-    worker, not Proxmox, set the pace), Proxmox calls (and those that failed), reads the seam
-    sent again and the pauses it slept before them, steps run again in the same delivery."""
+    they ran (``busyShare``: that over the window; near 1, one worker process was rarely idle,
+    which alone does not say its throughput set the pace: README, "The worker's side"), Proxmox
+    calls (and those that failed), reads the seam sent again and the pauses it slept before
+    them, steps run again in the same delivery."""
     window = [line for line in lines if start <= line["t"] <= end]
     messages = Counter(str(line.get("message", "")) for line in window)
     pauses = [
