@@ -54,6 +54,21 @@ def boot_seconds(profile: Profile, *, agent_baked: bool = True) -> float:
     return profile.address_after + profile.agent_install
 
 
+def create_stages(
+    *, profile: str | Profile = "realistic", time_scale: float = 1.0, agent_baked: bool = True
+) -> dict[str, float]:
+    """The lone create's critical path (``create_floor``) by the journal's stage that waits on
+    each part: a stage not named here (the lookup, the config write) has a floor of 0."""
+    p = get_profile(profile, time_scale)
+    return {
+        "clone": p.clone,
+        "upload": p.upload,
+        "resize": p.task,
+        "start": p.start,
+        "address": boot_seconds(p, agent_baked=agent_baked),
+    }
+
+
 def fleet_floor(
     placement: Mapping[str, int],
     *,

@@ -5,7 +5,8 @@ check them (tests/unit/test_benchmarks.py) without a stack.
 * ``percentile``: nearest-rank percentile (p95 of the Celery round trips);
 * ``max_overlap``: the most intervals open at one moment (creates one worker drove at once);
 * ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap;
-* ``lanes_used``: how much of a node's cap its tasks filled while it still had clones to run.
+* ``lanes_used``: how much of a node's cap its tasks filled while it still had clones to run;
+* ``over_floor_by_stage``: where a lone create's time over its floor went, stage by stage.
 """
 
 from __future__ import annotations
@@ -232,3 +233,27 @@ def lanes_used(
         "idleMsPerTaskEnd": round(1000 * idle / ends, 1) if ends else None,
         "taskEnds": ends,
     }
+
+
+# The time from the request to the first step's start, in ``over_floor_by_stage``.
+BEFORE_FIRST_STEP = "before the first step"
+
+
+def over_floor_by_stage(
+    steps: Sequence[Sequence[Any]], floors: Mapping[str, float], *, until: str = "address"
+) -> dict[str, float]:
+    """Milliseconds each journal stage of one create took beyond its part of the floor
+    (``floor.create_stages``; 0 for a stage with none), with the wait before the first step
+    under ``BEFORE_FIRST_STEP``, up to and including stage ``until`` (the address: Running).
+    ``steps``: ``[name, start, end]`` in seconds from the request (the suite's ``timeline``).
+    The journal's stages follow one another, so the values add up to the create's time over
+    its floor: what a latency run lost, and where."""
+    if not steps:
+        return {}
+    spent: dict[str, float] = {BEFORE_FIRST_STEP: float(steps[0][1])}
+    for name, start, end in steps:
+        # A stage journalled twice (run again after a failure) counts its floor once.
+        spent[str(name)] = spent.get(str(name), 0.0) + float(end) - float(start)
+        if name == until:
+            break
+    return {name: round(1000 * (s - floors.get(name, 0.0)), 1) for name, s in spent.items()}

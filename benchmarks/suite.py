@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
-from benchmarks.floor import create_floor, fleet_floor  # noqa: E402
+from benchmarks.floor import create_floor, create_stages, fleet_floor  # noqa: E402
 from benchmarks.observe import deliveries_by_calls, log_counts, worker_log  # noqa: E402
 from benchmarks.record import (  # noqa: E402
     Figure,
@@ -53,6 +53,7 @@ from benchmarks.stats import (  # noqa: E402
     lanes_used,
     max_overlap,
     median,
+    over_floor_by_stage,
     percentile,
     spread,
 )
@@ -315,6 +316,7 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     """One proxy alone, ``repeats`` times: request to Running with an address, over the
     critical path; its requests per create."""
     floor = create_floor(profile=PROFILE, time_scale=TIME_SCALE)
+    stages = create_stages(profile=PROFILE, time_scale=TIME_SCALE)
     runs = []
     for r in range(sizes.repeats):
         run = create_fleet(stack, f"lat{r}", 1, timeout=300)
@@ -325,6 +327,7 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         run.pop("startedAt")
         run.pop("addressedAt")
         run["steps"] = run.pop("timeline")
+        run["overFloorMs"] = over_floor_by_stage(run["steps"], stages)
         run["ratio"] = run["wall"] / floor.seconds
         run["requests"] = requests_summary(entries, 1)
         run["requestsToRunning"] = requests_summary(to_running, 1)
@@ -339,6 +342,11 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "ratio": spread(ratios, digits=3),
         "requestsPerCreate": spread(requests, digits=1),
         "requestsPerCreateWithRelease": spread(with_release, digits=1),
+        # Where the time over the floor went, stage by stage (median of the runs, ms).
+        "overFloorMsByStage": {
+            stage: median([r["overFloorMs"].get(stage, 0.0) for r in runs])
+            for stage in dict.fromkeys(k for r in runs for k in r["overFloorMs"])
+        },
         "runs": runs,
     }
 
@@ -614,6 +622,11 @@ def run_suite(
                 if "latency" in only:
                     out["latency"] = measure_latency(stack, sizes)
                     log(f"latency: ratio {out['latency']['ratio']}")
+                    over = out["latency"]["overFloorMsByStage"]
+                    log(
+                        "latency: ms over the floor by stage (medians): "
+                        + ", ".join(f"{stage} {ms:g}" for stage, ms in over.items())
+                    )
                 if "makespan" in only:
                     out["makespan"] = measure_makespan(stack, sizes)
                     log(f"makespan: ratio {out['makespan']['ratio']}")

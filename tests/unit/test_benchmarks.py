@@ -22,7 +22,7 @@ import trustme
 
 from benchmarks import faults, isolation, spy  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
-from benchmarks.floor import create_floor, fleet_floor
+from benchmarks.floor import create_floor, create_stages, fleet_floor
 from benchmarks.observe import (
     JournalWatch,
     backoff_summary,
@@ -32,7 +32,16 @@ from benchmarks.observe import (
     worker_log,
 )
 from benchmarks.record import Figure, record_latest, record_suite, variant
-from benchmarks.stats import inflight, lanes_used, max_overlap, median, percentile, spread
+from benchmarks.stats import (
+    BEFORE_FIRST_STEP,
+    inflight,
+    lanes_used,
+    max_overlap,
+    median,
+    over_floor_by_stage,
+    percentile,
+    spread,
+)
 from provisioning.proxmox.api import Api
 from provisioning.proxmox.errors import RequestTimeout, classify
 from provisioning.proxmox.http import HttpTransport
@@ -542,3 +551,46 @@ def test_the_template_nodes_lanes_count_idle_slots_only_until_its_last_clone() -
     full = lanes_used([task("qmclone", 0.0, 0.2), task("qmclone", 0.2, 0.4)], node="pve1", cap=1)
     assert (full["utilisation"], full["idleMsPerTaskEnd"]) == (1.0, 0.0)
     assert lanes_used(tasks, node="pve3", cap=2)["utilisation"] is None
+
+
+def test_a_lone_creates_stage_floors_add_up_to_its_floor() -> None:
+    stages = create_stages(profile="realistic", time_scale=0.1)
+    floor = create_floor(profile="realistic", time_scale=0.1)
+    assert sum(stages.values()) == pytest.approx(floor.seconds)
+    assert set(stages) == {"clone", "upload", "resize", "start", "address"}
+
+
+def test_a_lone_creates_time_over_its_floor_is_split_by_journal_stage() -> None:
+    floors = {"clone": 0.2, "upload": 0.05, "resize": 0.1, "start": 0.1, "address": 2.0}
+    # A latency run's journal (seconds from the request), the seed's release after the address.
+    steps = [
+        ["lookup", 0.036, 0.056],
+        ["clone", 0.056, 0.334],
+        ["upload", 0.334, 0.406],
+        ["configure", 0.406, 0.406],
+        ["resize", 0.406, 0.519],
+        ["start", 0.519, 0.628],
+        ["running", 0.628, 0.628],
+        ["address", 0.628, 2.651],
+        ["seed_release", 2.674, 2.798],
+    ]
+    over = over_floor_by_stage(steps, floors)
+    assert over == {
+        BEFORE_FIRST_STEP: 36.0,
+        "lookup": 20.0,
+        "clone": 78.0,
+        "upload": 22.0,
+        "configure": 0.0,
+        "resize": 13.0,
+        "start": 9.0,
+        "running": 0.0,
+        "address": 23.0,
+    }
+    # The parts add up to the time over the floor: Running at 2.651 s against 2.45 s.
+    assert sum(over.values()) == pytest.approx(1000 * (2.651 - 2.45), abs=0.5)
+    # A stage journalled twice (run again) counts its floor once.
+    again = over_floor_by_stage(
+        [["clone", 0.0, 0.1], ["clone", 0.1, 0.3], ["address", 0.3, 2.3]], floors
+    )
+    assert again == {BEFORE_FIRST_STEP: 0.0, "clone": 100.0, "address": 0.0}
+    assert over_floor_by_stage([], floors) == {}
