@@ -59,7 +59,12 @@ def create_stages(
 ) -> dict[str, float]:
     """The lone create's critical path (``create_floor``) by the journal's stage that waits on
     each part: a stage not named here (the lookup, the config write) has a floor of 0."""
-    p = get_profile(profile, time_scale)
+    return _stages(get_profile(profile, time_scale), agent_baked=agent_baked)
+
+
+def _stages(p: Profile, *, agent_baked: bool) -> dict[str, float]:
+    """One create's critical path, part by part: the clone, then its node's upload, resize
+    (``task``) and start, then the boot to an address."""
     return {
         "clone": p.clone,
         "upload": p.upload,
@@ -87,7 +92,7 @@ def fleet_floor(
     per_node = p.upload + p.task + p.start
     n = sum(placement.values())
     limit = p.node_task_limit
-    critical = p.clone + per_node + boot
+    critical = sum(_stages(p, agent_baked=agent_baked).values())
     template_work = n * p.clone + placement.get(template_node, 0) * per_node
     template_bound = template_work / limit + boot
     other_bound = max(

@@ -88,6 +88,11 @@ class NodeInflight:
     seconds_busy: float  # at least one task ran
     seconds: float  # from ``origin`` to the end
 
+    def running_seconds(self) -> float:
+        """Task-seconds that ran on the node (the running count over ``series``, to the end)."""
+        ends = [t for t, _, _ in self.series[1:]] + [self.seconds]
+        return sum(r * (until - t) for (t, _, r), until in zip(self.series, ends, strict=True))
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
@@ -211,25 +216,13 @@ def lanes_used(
         return {"seconds": 0.0, "utilisation": None, "idleMsPerTaskEnd": None, "taskEnds": 0}
     origin = min(float(t["startedAt"]) for t in mine)
     until = max(clones)
-    events: list[tuple[float, int]] = []
-    for t in mine:
-        events.append((float(t["startedAt"]), 1))
-        if t.get("endedAt") is not None:
-            events.append((float(t["endedAt"]), -1))
-    events.sort()
-    running, last, busy, idle = 0, origin, 0.0, 0.0
-    for when, change in events:
-        if when > until:
-            break
-        busy += running * (when - last)
-        idle += max(0, cap - running) * (when - last)
-        running, last = running + change, when
-    busy += running * (until - last)
-    idle += max(0, cap - running) * (until - last)
+    window = inflight(mine, cap=cap, origin=origin, end=until)[node]
+    busy, slots = window.running_seconds(), cap * window.seconds
+    idle = max(0.0, slots - busy)
     ends = sum(1 for t in mine if t.get("endedAt") is not None and float(t["endedAt"]) <= until)
     return {
-        "seconds": round(until - origin, 3),
-        "utilisation": round(busy / (busy + idle), 3) if busy + idle > 0 else None,
+        "seconds": round(window.seconds, 3),
+        "utilisation": round(busy / slots, 3) if slots > 0 else None,
         "idleMsPerTaskEnd": round(1000 * idle / ends, 1) if ends else None,
         "taskEnds": ends,
     }
