@@ -63,6 +63,7 @@ from . import (
     leases,
     maintenance,
     policy,
+    prepared_statements,
     slots,
     task_wakes,
     template_builds,
@@ -110,6 +111,12 @@ def operation_run_step(*, operation_id: str, token: str, trace_parent: str = "")
     before task slots and the task board; measured again on today's, chaining wins.) A step
     that freed a slot for a waiting step yields: the waiter runs next and the chain's next step
     goes through the broker (``_run_one``)."""
+    with prepared_statements.steps_prepared():
+        _run_delivery(operation_id=operation_id, token=token, trace_parent=trace_parent)
+
+
+def _run_delivery(*, operation_id: str, token: str, trace_parent: str) -> None:
+    """``operation_run_step``'s steps: the first, its chain and the waiter it woke."""
     started = time.monotonic()
     # The chained step's token, committed with no message, until this delivery claims it.
     unsent: list[str] = []

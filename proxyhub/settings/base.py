@@ -352,6 +352,9 @@ PROXYHUB_SWEEPER_GRACE_SECONDS = env.float("PROXYHUB_SWEEPER_GRACE_SECONDS", def
 # storage by name (0: no storage limit). A step that finds no slot waits for one in the journal.
 PROXYHUB_NODE_TASK_LIMIT = env.int("PROXYHUB_NODE_TASK_LIMIT", default=3)
 PROXYHUB_STORAGE_TASK_LIMIT = env.int("PROXYHUB_STORAGE_TASK_LIMIT", default=0)
+# On PostgreSQL a step delivery's statements are prepared once per connection (issue 12,
+# services/prepared_statements.py); false behind a pooler that cannot keep them.
+PROXYHUB_DB_PREPARED_STATEMENTS = env.bool("PROXYHUB_DB_PREPARED_STATEMENTS", default=True)
 # Retries where the fault happened: a GET meeting a transient fault is sent again this many
 # times (at once, then after a jittered pause doubling from the given one); a step that still
 # fails transiently is run again in the same delivery this many times (it reads back first).
