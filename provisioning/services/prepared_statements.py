@@ -5,7 +5,8 @@ same on every delivery, and PostgreSQL spent more time planning them than runnin
 operation's read took 0.54 ms to plan and 0.23 ms to run. With the server binding the
 parameters (``$1``), psycopg prepares a statement once its connection has run it
 ``THRESHOLD`` times, and the server reuses the plan. In the service tests' pump of twelve warm
-creates a step's SQL went from 6.4 to 3.9 ms, and the whole step from 16.7 to 12.7 ms.
+creates a step's SQL went from 6.4 ms to 4.5-5.0 (the operation's read from 1.2 ms to 0.5);
+benchmarks/README.md has what it did to the makespan.
 
 Only for the block of a step delivery (``steps_prepared``), not for the whole process: Django's
 client-side binding stays the rule elsewhere, because server-side binding limits a statement to
