@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -57,8 +58,17 @@ def steps_prepared() -> Iterator[None]:
     saved = (raw.cursor_factory, raw.prepare_threshold)
     raw.cursor_factory = ServerBindingCursor
     raw.prepare_threshold = THRESHOLD
+    # Django describes a statement it logs (the debug cursor: DEBUG, a test's
+    # CaptureQueriesContext) from psycopg's last client-side query, which a prepared run does
+    # not set: its text came out None. With this flag, which Django derives from the settings
+    # when the whole process binds on the server, it composes the text instead; the block says
+    # the same for its own time, and deleting it lets the cached_property read the settings
+    # again.
+    features: Any = connection.features  # PostgreSQL's features; the stubs know only the base
+    features.uses_server_side_binding = True
     try:
         yield
     finally:
+        del features.uses_server_side_binding
         if connection.connection is raw and not raw.closed:
             raw.cursor_factory, raw.prepare_threshold = saved

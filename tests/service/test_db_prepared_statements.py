@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from pump import Pump, Sim, proxy_spec
 
 from provisioning.models import Operation
@@ -56,6 +57,18 @@ def test_a_statement_a_step_repeats_is_prepared_once(postgresql: None) -> None:
         cursor.execute("DEALLOCATE ALL")
     _read(THRESHOLD + 3)
     assert not _prepared("provisioning_operation")
+
+
+def test_a_prepared_statement_is_still_logged_with_its_text(postgresql: None) -> None:
+    """Django's debug cursor (DEBUG, CaptureQueriesContext) describes each statement; a
+    prepared run's text came out None before the block told Django it binds on the server."""
+    with steps_prepared(), CaptureQueriesContext(connection) as ctx:
+        _read(THRESHOLD + 2)
+    texts = [query["sql"] for query in ctx.captured_queries]
+    assert len(texts) == THRESHOLD + 2
+    assert all(t and '"provisioning_operation"' in t and "'create'" in t for t in texts), texts
+    # Outside the block Django reads its settings again: client-side binding.
+    assert connection.features.uses_server_side_binding is False
 
 
 def test_a_create_s_step_deliveries_prepare_their_statements(

@@ -87,10 +87,6 @@ def test_each_step_of_a_create_stays_within_its_statement_budget(
     pump: Pump, sim: Sim, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.PROXYHUB_NODE_TASK_LIMIT = 3
-    # Counted with Django's own client-side binding: the debug cursor keeps no text for a
-    # statement PostgreSQL runs prepared (services/prepared_statements.py), and preparing
-    # changes how each statement is planned, not how many a step makes.
-    settings.PROXYHUB_DB_PREPARED_STATEMENTS = False
     # A first create makes what a fleet makes once (the node's slot rows, the estimates, the
     # breaker's row); the second is counted.
     pump.call(operations.proxies_create, specs=[proxy_spec(sim, "warm")])
