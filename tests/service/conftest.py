@@ -47,6 +47,17 @@ print("PROBE " + json.dumps(out))
 
 
 @pytest.fixture(autouse=True)
+def _no_estimates_kept() -> Iterator[None]:
+    """A process keeps the estimates it read for a second (services.durations); each test has a
+    database of its own, where the same cluster id may name another cluster."""
+    from provisioning.services.durations import forget_estimates
+
+    forget_estimates()
+    yield
+    forget_estimates()
+
+
+@pytest.fixture(autouse=True)
 def _installation_id_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Each test has a database of its own, so it gets its own installation identity file too
     (services.installation writes it when a fresh database first draws its identity). Patched

@@ -32,15 +32,17 @@ POLL_BUDGET = 9
 RELEASE = 2
 # The start's wait that sees the VM run is the running check too (proxmox/create.py), and it
 # plans the boot's first look when the boot is known to take a while (services/runners.py): it
-# also journals the check's row, reads the image's boot estimate and, when that boot is not yet
-# due, opens the address's row; no step of its own runs for either (before: two whole steps).
+# also journals the check's row, reads the cluster's estimates (when this process's copy is a
+# second old: services.durations) and, when that boot is not yet due, opens the address's row;
+# no step of its own runs for either (before: two whole steps).
 # The budget counted the row but not the read, so it held only when the boot was already due:
 # on a slower run the test failed either way.
 MET = 3
 # Any step of a warm create after its first (the first places the proxy). Before: up to 20;
 # 13 while a submitting step read its held slots and its node's slots apart (slots.slots_look);
-# 12 while it read the maintenance switches itself (maintenance.with_switches_flag).
-STEP_BUDGET = 11
+# 12 while it read the maintenance switches itself (maintenance.with_switches_flag); 11 while
+# it read the estimate its wait is planned from (services.durations keeps a cluster's for 1 s).
+STEP_BUDGET = 10
 # A stage a step ran and ended on its way (CreateMachine.follows: the config write after the
 # upload's end, the resize and the start after the task before them) costs its journal row,
 # one statement, where a step of its own cost up to STEP_BUDGET.

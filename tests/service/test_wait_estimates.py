@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from pump import Hook, HookedTransport, Pump, Sim, make_cluster
 
@@ -22,7 +22,13 @@ from provisioning.models.choices import OperationState, Phase
 from provisioning.proxmox.budgets import Budgets
 from provisioning.proxmox.waits import BOOT, Estimate, Timing, learn
 from provisioning.services import driver, operations
-from provisioning.services.durations import ClusterDurations, durations_learn
+from provisioning.services import durations as durations_module
+from provisioning.services.durations import (
+    ESTIMATES_TTL,
+    ClusterDurations,
+    durations_learn,
+    forget_estimates,
+)
 from provisioning.services.operations import ProxySpec
 from provisioning.services.providers import use_transport_factory
 from pvesim.simulator import Simulator
@@ -260,6 +266,9 @@ def test_the_cluster_durations_give_the_shortest_estimate_of_the_other_nodes(
     WorkDuration.objects.create(
         cluster=slow_sim.cluster, kind="qmstart", scope="pve2", seconds=0.01, samples=3
     )
+    # Rows another process wrote are planned from once this one's copy is a second old.
+    assert durations.elsewhere("resize", "pve2") is None
+    forget_estimates()
     assert durations.elsewhere("resize", "pve2") == 0.25
     assert durations.elsewhere("resize", "pve3") == 0.4  # its own never counts as another's
     assert durations.expected("resize", "pve2") is None
@@ -300,3 +309,57 @@ def test_learning_in_one_statement_moves_the_estimate_as_waits_learn_does(
     durations_learn(cluster_id=slow_sim.cluster.pk, timing=Timing("qmstart", "pve1", 3.0, 3.0))
     row = WorkDuration.objects.get(cluster=slow_sim.cluster, kind="qmstart", scope="pve1")
     assert (row.seconds, row.samples) == pytest.approx((1.5, 2))
+
+
+def test_a_process_reads_a_cluster_s_estimates_once_a_second_and_keeps_what_it_learns(
+    slow_sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 12: the row read for every planned wait was one statement in most step deliveries.
+    A process reads all of a cluster's estimates in one statement and plans from them for
+    ``ESTIMATES_TTL``; what it learns itself it plans from at once."""
+    cluster = slow_sim.cluster.pk
+    now = [1000.0]
+    monkeypatch.setattr(durations_module.time, "monotonic", lambda: now[0])
+    for scope, seconds in (("pve1", 0.4), ("pve2", 0.3)):
+        WorkDuration.objects.create(
+            cluster=slow_sim.cluster, kind="qmclone", scope=scope, seconds=seconds, samples=3
+        )
+    plans = ClusterDurations(cluster)
+    with CaptureQueriesContext(connection) as ctx:
+        assert plans.expected("qmclone", "pve1") == 0.4
+        assert plans.elsewhere("qmclone", "pve1") == 0.3
+        assert plans.expected("resize", "pve1") is None
+        assert plans.elsewhere("resize", "pve1") is None
+    assert len(ctx.captured_queries) == 1, ctx.captured_queries
+
+    # Learnt here: planned from at once, as the row now says (the same arithmetic).
+    timing = Timing("qmclone", "pve1", 0.5, 0.7)
+    durations_learn(cluster_id=cluster, timing=timing)
+    row = WorkDuration.objects.get(cluster=slow_sim.cluster, kind="qmclone", scope="pve1")
+    with CaptureQueriesContext(connection) as ctx:
+        assert plans.expected("qmclone", "pve1") == pytest.approx(row.seconds, rel=1e-12)
+    assert row.seconds > 0.4
+    assert not ctx.captured_queries
+
+    # Another process's row: planned from once the copy is ESTIMATES_TTL old, not before.
+    WorkDuration.objects.filter(cluster=slow_sim.cluster, scope="pve2").update(seconds=0.2)
+    now[0] += ESTIMATES_TTL / 2
+    assert plans.elsewhere("qmclone", "pve1") == 0.3
+    now[0] += ESTIMATES_TTL
+    assert plans.elsewhere("qmclone", "pve1") == 0.2
+
+
+def test_estimates_that_cannot_be_read_plan_as_if_none_were_known(
+    slow_sim: Sim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    WorkDuration.objects.create(
+        cluster=slow_sim.cluster, kind="qmclone", scope="pve1", seconds=0.4, samples=3
+    )
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise DatabaseError("the database went away")
+
+    monkeypatch.setattr(WorkDuration.objects, "filter", broken)
+    plans = ClusterDurations(slow_sim.cluster.pk)
+    assert plans.expected("qmclone", "pve1") is None
+    assert plans.elsewhere("qmclone", "pve2") is None
