@@ -42,7 +42,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import F
 
-from provisioning.models import CircuitBreaker, Operation, Proxy
+from provisioning.models import CircuitBreaker, Operation, OperationStep, Proxy
 from provisioning.models.choices import (
     ACTIVE_STATES,
     DesiredState,
@@ -70,7 +70,7 @@ from . import (
     tracing,
 )
 from .clock import db_now
-from .journal import journal_step
+from .journal import journal_head_keep, journal_head_take, journal_step
 from .providers import provider_for
 from .runners import IN_PLACE_KINDS, Outcome, address_budget, run_step
 
@@ -190,6 +190,8 @@ def _run_one(
         return None
     if on_claimed is not None:
         on_claimed()
+    # The journal's last row, when this process journalled the step that sent this token.
+    head = journal_head_take(operation_id, token)
     op = maintenance.with_switches_flag(
         Operation.objects.select_related("proxy", "cluster", "cluster__circuit")
     ).get(pk=operation_id)
@@ -246,7 +248,9 @@ def _run_one(
         span.ended(outcome)
     seconds = time.monotonic() - started
     ended = db_now()
-    chained = _persist(op, claim, outcome, ended, seconds, held=held, may_chain=may_chain)
+    chained = _persist(
+        op, claim, outcome, ended, seconds, held=held, may_chain=may_chain, head=head
+    )
     if chained is not None and unsent is not None:
         unsent.append(chained)
     _record_reachability(op, outcome, breaker, seconds, ended)
@@ -457,9 +461,11 @@ def _persist(
     *,
     held: list[slots.Held] | None = None,
     may_chain: bool = False,
+    head: OperationStep | None = None,
 ) -> str | None:
     """Journal the step and apply what it changed, in one transaction under the proxy's row
-    lock; ``held``: the slots the step found held (``slots.slots_take``), None to read them.
+    lock; ``held``: the slots the step found held (``slots.slots_take``), None to read them;
+    ``head``: the journal's last row as this process kept it (``journal_head_take``).
     Returns the next step's token when the caller runs it itself (``may_chain``, and the next
     step is due at once: ``operation_run_step``); then no message is sent for it."""
     result = outcome.result
@@ -471,7 +477,7 @@ def _persist(
             # Lock order: the proxy row first, then its operations, as the intent services
             # do (proxy_request_delete and friends); the other order deadlocks on PostgreSQL.
             list(Proxy.objects.select_for_update().filter(pk=op.proxy_id).values_list("pk"))
-        journal_step(op, outcome, now)
+        last_row = journal_step(op, outcome, now, head=head)
         updates: dict[str, Any] = {
             "progress": outcome.progress,
             "claim_token": "",
@@ -555,6 +561,12 @@ def _persist(
             and queued is None
             and not outcome.next_can_wait
         )
+        if token and queued is None:
+            # The next step starts from the row just written (journal.py). Not for a step
+            # queued for a slot: its wait is journalled when the slot is handed over. Kept
+            # before the commit, so a chained step finds it: only a delivery that claims the
+            # token takes it, and the token is there to claim only once this commits.
+            journal_head_keep(str(op.pk), token, last_row)
     if chain:
         return token
     if queued is not None:

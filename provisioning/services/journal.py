@@ -4,11 +4,22 @@ A stage polled across many deliveries (a running Proxmox task, a boot) stays one
 until it ends; the UPID a stage submitted is on its row before any wait starts (DESIGN.md §5,
 receipts). A step whose mutation may have been applied although its answer was lost is marked
 ``unknown`` until the next delivery's read-back settles it.
+
+Each step starts from the operation's last row. A process that journalled a step keeps that row
+for the step's next delivery (``journal_head_keep``), keyed by the token the step committed, and
+the delivery that claims with that token takes it once (``journal_head_take``), as a machine's
+record is taken once (``proxmox.steps.Tickets``). Only the claim's holder writes an operation's
+rows, so nothing can have come after the kept row: any other step of the operation has its own
+token. Reading the row was 6.5 % of a step delivery in issue 12's makespan (py-spy of the one
+worker). A delivery without a kept row (another process journalled the step before, or the step
+waits for a task slot, whose wait is journalled outside the step) reads it as before.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from datetime import datetime
 
 from provisioning.models import Operation, OperationStep
@@ -19,17 +30,71 @@ from .runners import Outcome
 
 steps_log = logging.getLogger("proxyhub.operations.steps")
 
+# How many kept rows a process holds: one per operation between two of its steps. A fleet with
+# more in flight in one process reads the oldest ones' rows again.
+HEADS_KEPT = 1024
 
-def journal_step(op: Operation, outcome: Outcome, now: datetime) -> None:
+
+class _Heads:
+    """The last row of each operation this process journalled, by the token of its next step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rows: OrderedDict[tuple[str, str], OperationStep] = OrderedDict()
+
+    def keep(self, operation_id: str, token: str, row: OperationStep) -> None:
+        with self._lock:
+            self._rows[(operation_id, token)] = row
+            while len(self._rows) > HEADS_KEPT:
+                self._rows.popitem(last=False)
+
+    def take(self, operation_id: str, token: str) -> OperationStep | None:
+        with self._lock:
+            return self._rows.pop((operation_id, token), None)
+
+
+_heads = _Heads()
+
+
+def journal_head_keep(operation_id: str, token: str, row: OperationStep) -> None:
+    """Keep ``row``, the operation's last, for the delivery that claims ``token``: written in
+    the transaction that writes the token, so it is there whenever the token can be claimed. A
+    copy of its columns is kept, not the row object, which holds the operation it was
+    journalled for."""
+    kept = OperationStep(
+        id=row.pk,
+        operation_id=row.operation_id,
+        seq=row.seq,
+        name=row.name,
+        state=row.state,
+        upid=row.upid,
+        message=row.message,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )
+    kept._state.adding, kept._state.db = False, row._state.db  # a saved row, as if read
+    _heads.keep(operation_id, token, kept)
+
+
+def journal_head_take(operation_id: str, token: str) -> OperationStep | None:
+    """The row kept for the step that ``token`` names, once; None when this process kept none
+    (module docstring)."""
+    return _heads.take(operation_id, token)
+
+
+def journal_step(
+    op: Operation, outcome: Outcome, now: datetime, *, head: OperationStep | None = None
+) -> OperationStep:
     """Record what ``outcome`` says about the stage that ran (and, before it, about the stages
     the step ended on its way: ``Outcome.passed`` and ``StepResult.passed``, each journalled
-    the same way, as finished)."""
-    last = op.steps.order_by("-seq").first()
+    the same way, as finished). ``head``: the operation's last row as kept for this step
+    (``journal_head_take``), read when not given. Returns the operation's last row."""
+    last = head if head is not None else op.steps.order_by("-seq").first()
     for passed in _passed(outcome):
         name = passed.step.removesuffix("_wait")
         last = _journal(op, last, name, passed, finished=True, now=now)
     name = outcome.phase_name or outcome.result.step.removesuffix("_wait")
-    _journal(op, last, name, outcome.result, finished=outcome.finished, now=now)
+    return _journal(op, last, name, outcome.result, finished=outcome.finished, now=now)
 
 
 def _passed(outcome: Outcome) -> list[StepResult]:

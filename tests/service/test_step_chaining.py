@@ -136,9 +136,9 @@ def _passed_by_stage(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[st
     seen: list[tuple[str, list[str]]] = []
     journal = driver.journal_step
 
-    def journalled(op: Any, outcome: Any, now: Any) -> None:
+    def journalled(op: Any, outcome: Any, now: Any, **kwargs: Any) -> Any:
         seen.append((outcome.result.step, [p.step for p in outcome.result.passed]))
-        journal(op, outcome, now)
+        return journal(op, outcome, now, **kwargs)
 
     monkeypatch.setattr(driver, "journal_step", journalled)
     return seen
