@@ -61,18 +61,9 @@ def journal_head_keep(operation_id: str, token: str, row: OperationStep) -> None
     the transaction that writes the token, so it is there whenever the token can be claimed. A
     copy of its columns is kept, not the row object, which holds the operation it was
     journalled for."""
-    kept = OperationStep(
-        id=row.pk,
-        operation_id=row.operation_id,
-        seq=row.seq,
-        name=row.name,
-        state=row.state,
-        upid=row.upid,
-        message=row.message,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-    )
-    kept._state.adding, kept._state.db = False, row._state.db  # a saved row, as if read
+    names = [field.attname for field in OperationStep._meta.concrete_fields]
+    # Model.from_db: a saved row, as a query would have returned it.
+    kept = OperationStep.from_db(row._state.db, names, [getattr(row, name) for name in names])
     _heads.keep(operation_id, token, kept)
 
 
