@@ -6,12 +6,14 @@ check them (tests/unit/test_benchmarks.py) without a stack.
 * ``max_overlap``: the most intervals open at one moment (creates one worker drove at once);
 * ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap;
 * ``lanes_used``: how much of a node's cap its tasks filled while it still had clones to run;
+* ``end_noticed``: how long after a task's end the first request that could tell it came;
 * ``over_floor_by_stage``: where a lone create's time over its floor went, stage by stage.
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -225,6 +227,57 @@ def lanes_used(
         "utilisation": round(busy / slots, 3) if slots > 0 else None,
         "idleMsPerTaskEnd": round(1000 * idle / ends, 1) if ends else None,
         "taskEnds": ends,
+    }
+
+
+# The requests that can tell proxyhub a task of ours ended (``end_noticed``): its node's task
+# list, its own status, and for a start the VM's status (the start's end is its VM running).
+_NODE_TASKS = "GET /nodes/{node}/tasks"
+_TASK_STATUS = "GET /nodes/{node}/tasks/{upid}/status"
+_VM_STATUS = "GET /nodes/{node}/qemu/{vmid}/status/current"
+
+
+def end_noticed(
+    tasks: Sequence[Mapping[str, Any]], entries: Sequence[Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """How long after each task's end the first request that could tell its end reached the
+    simulator (its node's task list, its status, or for a ``qmstart`` its VM's status), by task
+    type and for ``all``: ``n``, ``medianMs`` and ``p90Ms``. The other half of a slot's
+    transition is the next submission; ``lanes_used`` gives the whole of it. ``entries``: the
+    simulator's ledger of the run (``time``, ``key``, ``path_params``)."""
+    looks: dict[str, list[float]] = defaultdict(list)
+    for e in entries:
+        key, params = e.get("key"), e.get("path_params") or {}
+        node = str(params.get("node", ""))
+        if key == _NODE_TASKS:
+            looks[f"node:{node}"].append(float(e["time"]))
+        elif key == _TASK_STATUS:
+            looks[f"upid:{params.get('upid', '')}"].append(float(e["time"]))
+        elif key == _VM_STATUS:
+            looks[f"vm:{node}:{params.get('vmid', '')}"].append(float(e["time"]))
+    for times in looks.values():
+        times.sort()
+    delays: dict[str, list[float]] = defaultdict(list)
+    for t in tasks:
+        if t.get("endedAt") is None:
+            continue
+        end, node, upid = float(t["endedAt"]), str(t["node"]), str(t["upid"])
+        candidates = [*looks.get(f"node:{node}", ()), *looks.get(f"upid:{upid}", ())]
+        if t.get("type") == "qmstart":
+            vmid = upid.split(":")[6] if upid.count(":") >= 7 else ""
+            candidates += looks.get(f"vm:{node}:{vmid}", ())
+        after = [c for c in candidates if c >= end]
+        if after:
+            delay = 1000 * (min(after) - end)
+            delays[str(t.get("type", ""))].append(delay)
+            delays["all"].append(delay)
+    return {
+        kind: {
+            "n": len(values),
+            "medianMs": round(median(values), 1),
+            "p90Ms": round(percentile(values, 90), 1),
+        }
+        for kind, values in sorted(delays.items())
     }
 
 

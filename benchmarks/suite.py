@@ -49,6 +49,7 @@ from benchmarks.record import (  # noqa: E402
     shown,
 )
 from benchmarks.stats import (  # noqa: E402
+    end_noticed,
     inflight,
     lanes_used,
     max_overlap,
@@ -377,6 +378,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         # one worker process did from the first request to the last address (README, "The
         # worker's side": a busy share near 1 alone does not say the worker sets the pace).
         lanes = lanes_used(tasks, node=str(run["templateNode"]), cap=CAP)
+        noticed = end_noticed(tasks, entries)
         lines = worker_log(stack.logdir / "worker-bench.log")
         span = (run.pop("startedAt"), run.pop("addressedAt"))
         worker = log_counts(lines, *span)
@@ -386,6 +388,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
             {
                 "worker": worker,
                 "templateNodeLanes": lanes,
+                "taskEndNoticed": noticed,
                 "floorSeconds": floor.seconds,
                 "floor": asdict(floor),
                 "ratio": run["wall"] / floor.seconds,
@@ -425,6 +428,10 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         ),
         "templateNodeIdleMsPerTaskEnd": spread(
             [r["templateNodeLanes"]["idleMsPerTaskEnd"] or 0.0 for r in runs], digits=1
+        ),
+        # How late a task's end was first looked at (all task types, median of each run).
+        "taskEndNoticedMs": spread(
+            [(r["taskEndNoticed"].get("all") or {}).get("medianMs", 0.0) for r in runs], digits=1
         ),
         "runs": runs,
     }
@@ -640,7 +647,8 @@ def run_suite(
                     log(
                         f"makespan: the template node's slots were "
                         f"{mk['templateNodeUtilisation']['median']} full until its last clone, "
-                        f"{mk['templateNodeIdleMsPerTaskEnd']['median']} ms idle per task end "
+                        f"{mk['templateNodeIdleMsPerTaskEnd']['median']} ms idle per task end, "
+                        f"an end first looked at {mk['taskEndNoticedMs']['median']} ms after it "
                         f"(medians)"
                     )
                     # What the last run's deliveries did, the costliest kinds first.

@@ -34,6 +34,7 @@ from benchmarks.observe import (
 from benchmarks.record import Figure, record_latest, record_suite, variant
 from benchmarks.stats import (
     BEFORE_FIRST_STEP,
+    end_noticed,
     inflight,
     lanes_used,
     max_overlap,
@@ -551,6 +552,34 @@ def test_the_template_nodes_lanes_count_idle_slots_only_until_its_last_clone() -
     full = lanes_used([task("qmclone", 0.0, 0.2), task("qmclone", 0.2, 0.4)], node="pve1", cap=1)
     assert (full["utilisation"], full["idleMsPerTaskEnd"]) == (1.0, 0.0)
     assert lanes_used(tasks, node="pve3", cap=2)["utilisation"] is None
+
+
+def test_a_task_s_end_is_noticed_by_the_first_request_that_could_tell_it() -> None:
+    def task(kind: str, end: float, vmid: int, node: str = "pve1") -> dict[str, Any]:
+        upid = f"UPID:{node}:00000001:00000002:6B16EF0F:{kind}:{vmid}:proxyhub@pve!sim:"
+        return {"node": node, "type": kind, "upid": upid, "submitted": 0.0, "endedAt": end}
+
+    def look(key: str, at: float, **params: str) -> dict[str, Any]:
+        return {"time": at, "key": key, "path_params": {"node": "pve1", **params}}
+
+    clone, start = task("qmclone", 1.0, 101), task("qmstart", 2.0, 102)
+    other = task("qmclone", 1.5, 103, node="pve2")
+    entries = [
+        look("GET /nodes/{node}/tasks", 0.9),  # before the end: tells nothing
+        look("GET /nodes/{node}/tasks/{upid}/status", 1.03, upid=str(clone["upid"])),
+        look("GET /nodes/{node}/tasks", 1.05),
+        look("GET /nodes/{node}/qemu/{vmid}/status/current", 2.01, vmid="102"),
+        look("GET /nodes/{node}/qemu/{vmid}/status/current", 1.9, vmid="999"),
+        look("GET /version", 1.0),
+    ]
+    noticed = end_noticed([clone, start, other, {**clone, "endedAt": None}], entries)
+    # The clone's own status read at +30 ms; the start's VM status at +10 ms; the task on
+    # pve2 was never looked at after its end (pve1's list says nothing of it); the running
+    # task has no end to notice.
+    assert noticed["qmclone"] == {"n": 1, "medianMs": 30.0, "p90Ms": 30.0}
+    assert noticed["qmstart"] == {"n": 1, "medianMs": 10.0, "p90Ms": 10.0}
+    assert noticed["all"]["n"] == 2 and noticed["all"]["medianMs"] == pytest.approx(20.0)
+    assert end_noticed([], entries) == {}
 
 
 def test_a_lone_creates_stage_floors_add_up_to_its_floor() -> None:
