@@ -13,10 +13,13 @@ check them (tests/unit/test_benchmarks.py) without a stack.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from provisioning.proxmox.tasks import parse_upid
 
 
 def median(values: Sequence[float]) -> float:
@@ -262,11 +265,11 @@ def end_noticed(
         if t.get("endedAt") is None:
             continue
         end, node, upid = float(t["endedAt"]), str(t["node"]), str(t["upid"])
-        candidates = [*looks.get(f"node:{node}", ()), *looks.get(f"upid:{upid}", ())]
+        kinds = [f"node:{node}", f"upid:{upid}"]
         if t.get("type") == "qmstart":
-            vmid = upid.split(":")[6] if upid.count(":") >= 7 else ""
-            candidates += looks.get(f"vm:{node}:{vmid}", ())
-        after = [c for c in candidates if c >= end]
+            kinds.append(f"vm:{node}:{parse_upid(upid).id}")
+        firsts = [_first_at_or_after(looks.get(kind, []), end) for kind in kinds]
+        after = [f for f in firsts if f is not None]
         if after:
             delay = 1000 * (min(after) - end)
             delays[str(t.get("type", ""))].append(delay)
@@ -279,6 +282,11 @@ def end_noticed(
         }
         for kind, values in sorted(delays.items())
     }
+
+
+def _first_at_or_after(ordered: Sequence[float], moment: float) -> float | None:
+    at = bisect_left(ordered, moment)
+    return ordered[at] if at < len(ordered) else None
 
 
 # The time from the request to the first step's start, in ``over_floor_by_stage``.
