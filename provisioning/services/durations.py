@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.db import DatabaseError, connection
@@ -46,14 +46,15 @@ class _Estimates:
     Guarded by a lock: a worker's HTTP and heartbeat threads never plan, but nothing here should
     depend on that."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock  # what the copies' age is measured on (tests give their own)
         self._lock = threading.Lock()
         self._clusters: dict[int, tuple[float, dict[Key, Estimate]]] = {}
 
     def of(self, cluster_id: int) -> dict[Key, Estimate] | None:
         """The cluster's estimates, read again when the copy is older than ``ESTIMATES_TTL``;
         None when they cannot be read (the caller plans as if nothing were known)."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             kept = self._clusters.get(cluster_id)
         if kept is not None and now - kept[0] < ESTIMATES_TTL:

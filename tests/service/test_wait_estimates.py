@@ -319,7 +319,7 @@ def test_a_process_reads_a_cluster_s_estimates_once_a_second_and_keeps_what_it_l
     ``ESTIMATES_TTL``; what it learns itself it plans from at once."""
     cluster = slow_sim.cluster.pk
     now = [1000.0]
-    monkeypatch.setattr(durations_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(durations_module._estimates, "clock", lambda: now[0])
     for scope, seconds in (("pve1", 0.4), ("pve2", 0.3)):
         WorkDuration.objects.create(
             cluster=slow_sim.cluster, kind="qmclone", scope=scope, seconds=seconds, samples=3
