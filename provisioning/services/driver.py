@@ -213,7 +213,8 @@ def _run_one(
     maintenance.operation_unpause(operation=op, now=now)
     ceiling = policy.ceiling_for(op.kind)
     if policy.age_of(op, now) > ceiling.age:
-        _persist(op, claim, _gave_up(op, f"it is older than {_span(ceiling.age)}"), now, 0.0)
+        why = f"it is older than {_span(ceiling.age)}"
+        _persist(op, claim, _gave_up(op, why), now, 0.0, head=head)
         return None
     breaker = _breaker(op)
     admission = circuit.ALLOWED
