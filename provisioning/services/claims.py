@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import logging
 import secrets
+import uuid
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
+from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from provisioning.models import Operation
 from provisioning.models.choices import ACTIVE_STATES
 
 from . import dispatch, policy
 from .clock import db_now
+from .compiled_update import CompiledUpdate
 from .heartbeat import renewed
 
 log = logging.getLogger("proxyhub.operations")
@@ -33,18 +37,42 @@ log = logging.getLogger("proxyhub.operations")
 DUE_SLACK = timedelta(milliseconds=250)
 
 
+def _take(p: Mapping[str, Any]) -> tuple[QuerySet[Operation], dict[str, Any]]:
+    """The claim's UPDATE: the message's token matches, the step is due and no live claim
+    holds it."""
+    free = Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=p["now"])
+    due = Q(next_step_at__isnull=True) | Q(next_step_at__lte=p["due_by"])
+    operations = Operation.objects.filter(
+        pk=p["pk"], dispatch_token=p["token"], state__in=ACTIVE_STATES
+    ).filter(free, due)
+    values = {
+        "claim_token": p["claim"],
+        "claim_expires_at": p["expires"],
+        "dispatch_token": "",
+        "redispatches": 0,
+    }
+    return operations, values
+
+
+# Every delivery runs it first: compiled once per process (services.compiled_update).
+_TAKE = CompiledUpdate(
+    _take, pk=uuid.UUID, token=str, now=datetime, due_by=datetime, claim=str, expires=datetime
+)
+
+
 def claim_take(*, operation_id: str, token: str, now: datetime) -> str | None:
     """The claim on the operation's step for this delivery, or ``None`` when it is not ours
     to run (a duplicate, a stale token, a finished operation, or not yet due: then the message
     is sent again for when it is)."""
     claim = secrets.token_hex(8)
     ttl = timedelta(seconds=policy.claim_seconds())
-    free = Q(claim_expires_at__isnull=True) | Q(claim_expires_at__lt=now)
-    due = Q(next_step_at__isnull=True) | Q(next_step_at__lte=now + DUE_SLACK)
-    taken = (
-        Operation.objects.filter(pk=operation_id, dispatch_token=token, state__in=ACTIVE_STATES)
-        .filter(free, due)
-        .update(claim_token=claim, claim_expires_at=now + ttl, dispatch_token="", redispatches=0)
+    taken = _TAKE.run(
+        pk=operation_id,
+        token=token,
+        now=now,
+        due_by=now + DUE_SLACK,
+        claim=claim,
+        expires=now + ttl,
     )
     if taken:
         return claim
