@@ -6,6 +6,7 @@ server binding the parameters (services.prepared_statements)."""
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ def test_the_compiled_read_gives_what_the_orm_gives(
         assert read.proxy is not None and read.proxy.name == "p0"
         assert read.cluster_id == op.cluster_id
 
-    with prepared_statements.steps_prepared() if server_binding else _nothing():
+    with prepared_statements.steps_prepared() if server_binding else nullcontext():
         check()
         assert CircuitBreaker.objects.filter(cluster_id=op.cluster_id).exists()
         MaintenanceWindow.objects.create(
@@ -85,14 +86,6 @@ def test_the_compiled_read_gives_what_the_orm_gives(
         with CaptureQueriesContext(connection) as ctx:
             driver._OPERATION_READ.get(op.pk)
         assert len(ctx.captured_queries) == 1
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def test_a_missing_row_is_does_not_exist_as_from_the_orm() -> None:
