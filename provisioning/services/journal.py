@@ -54,6 +54,8 @@ class _Heads:
 
 
 _heads = _Heads()
+# The columns a kept row copies, in the order ``Model.from_db`` takes them.
+_STEP_COLUMNS = [field.attname for field in OperationStep._meta.concrete_fields]
 
 
 def journal_head_keep(operation_id: str, token: str, row: OperationStep) -> None:
@@ -61,9 +63,9 @@ def journal_head_keep(operation_id: str, token: str, row: OperationStep) -> None
     the transaction that writes the token, so it is there whenever the token can be claimed. A
     copy of its columns is kept, not the row object, which holds the operation it was
     journalled for."""
-    names = [field.attname for field in OperationStep._meta.concrete_fields]
     # Model.from_db: a saved row, as a query would have returned it.
-    kept = OperationStep.from_db(row._state.db, names, [getattr(row, name) for name in names])
+    values = [getattr(row, name) for name in _STEP_COLUMNS]
+    kept = OperationStep.from_db(row._state.db, _STEP_COLUMNS, values)
     _heads.keep(operation_id, token, kept)
 
 
