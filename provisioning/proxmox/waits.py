@@ -3,8 +3,9 @@
 A fixed poll interval is wrong both ways: too slow for the 0.1 s tasks of a small node, too
 chatty for a two-minute clone. So each wait is planned from what the same kind of work took
 before on the same node: the first look comes when the work is expected to have ended; if it
-has not, the next looks come after a short interval that doubles (from ``MIN_POLL``, or a tenth
-of the estimate for long work) up to the configured poll interval (with no estimate: below).
+has not, the next looks come after a short interval that doubles (from ``MISS_POLL``, or a
+twentieth of the estimate for long work) up to the configured poll interval (with no estimate:
+below).
 The budgets (``budgets.Budgets``) still bound every wait; an estimate only moves the looks inside
 them.
 
@@ -71,6 +72,13 @@ from typing import Any, Protocol
 # each instead of 1.33; tests/unit/test_wait_planning.py).
 MIN_POLL = 0.05
 STEP_SHARE = 0.05
+# After a first look that came on an estimate and missed, the next comes this soon when that
+# is longer than STEP_SHARE of the estimate: the work was expected over, so it is most likely a
+# few ms from its end, and MIN_POLL there cost short work half its length (issue 12's latency:
+# a 0.1 s start looked at 2 ms before its end and again 59 ms later, in two creates of three).
+# Cold waits keep MIN_POLL: they know nothing of where the end is, and a shorter interval
+# there is only more looks (tried in the makespan at 20 ms for every look: worse).
+MISS_POLL = 0.02
 # With no estimate, each look comes after this share of the time waited so far (at least
 # MIN_POLL): the look that finds the work over then bounds its end within a fifth of its
 # duration, and the middle of that bracket is about a tenth off at worst (module docstring).
@@ -85,7 +93,8 @@ ALPHA = 0.4
 # One sample moves an estimate at most this many times up or down (a task stuck behind a lock
 # once does not make every later wait long).
 OUTLIER_FACTOR = 4.0
-# The kind under which boot-to-address is kept (beside the task types of the UPIDs).
+# The kind under which boot-to-address is kept (beside the task types of the UPIDs); the
+# services time it from the start's sending (services.runners._enter_address).
 BOOT = "boot"
 # A look that landed more than this after its plan (or LATE_SHARE of the plan, when longer) was
 # late: more than a delivery's usual overhead (20-35 ms on an idle machine), so the plan is no
@@ -203,10 +212,10 @@ def next_wait(*, expected: float | None, elapsed: float, cap: float, limit: floa
     """Seconds until the next look at work that began ``elapsed`` seconds ago.
 
     Before its expected end (plus ``MARGIN``): wait for it, never past ``limit`` (the wait's
-    budget, so an estimate gone wrong cannot outwait the ceiling). After it, or with no estimate:
-    the time it has overrun, at least ``MIN_POLL`` (or ``STEP_SHARE`` of the estimate) and at
-    most ``cap`` (the configured poll interval), so the interval doubles while the work runs
-    late."""
+    budget, so an estimate gone wrong cannot outwait the ceiling). After it: the time it has
+    overrun, at least ``MISS_POLL`` (or ``STEP_SHARE`` of the estimate) and at most ``cap`` (the
+    configured poll interval), so the interval doubles while the work runs late. With no
+    estimate: ``COLD_GROWTH`` of the time waited, at least ``MIN_POLL``."""
     if cap <= 0:
         return 0.0
     first = expected * (1 + MARGIN) if expected is not None else 0.0
@@ -217,8 +226,11 @@ def next_wait(*, expected: float | None, elapsed: float, cap: float, limit: floa
     # being spent re-reading in a tight loop).
     if expected is None:
         step = max(MIN_POLL, COLD_GROWTH * elapsed)
+    elif remaining > 0:
+        # The planned first look is nearer than MIN_POLL (a step that ran late): at its plan.
+        step = max(remaining, MISS_POLL)
     else:
-        step = max(-remaining, MIN_POLL, STEP_SHARE * expected)
+        step = max(-remaining, MISS_POLL, STEP_SHARE * expected)
     return min(step, cap)
 
 
