@@ -62,10 +62,6 @@ from .waits import seen_at
 log = logging.getLogger("proxyhub.proxmox.provider")
 
 OP = "create"
-# The done result's detail: seconds since the start was sent, when the wait for that start is
-# what saw the VM run. The guest boots from the start task's end, not from when a look noticed
-# it; the caller times the boot from here, so a start noticed sooner or later moves nothing.
-STARTED_AGO = "started_ago"
 # How old the lookup's listing may be for the clone to trust it instead of asking
 # ``/cluster/nextid`` again (a warm record only: see ``_clone``).
 LISTING_FRESH_SECONDS = 5.0
@@ -705,7 +701,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         if status.get("status") == "running" and status.get("qmpstatus") == "running":
             # Step 9 is met by this read, so the create ends here: a step of its own for
             # "running" read nothing and cost a delivery per create (issue 12's makespan).
-            result = self._runs(req, progress, vmid, node, start_since=progress.get("since"))
+            result = self._runs(req, progress, vmid, node)
             result.met = "running"
             # The VM running is what the start's work was (QEMU launched), so this look times
             # the start as a task poll would: without it the start was never learned, every
@@ -756,7 +752,7 @@ class CreateMachine(StepMachine[CreateRequest]):
         if not look.seen.outcome.succeeded:
             return result  # still starting, or failed and judged by ``failed``
         vmid, node = int(progress["vmid"]), str(progress["node"])
-        done = self._runs(req, progress, vmid, node, start_since=progress.get("since"))
+        done = self._runs(req, progress, vmid, node)
         done.met = "running"
         # The look's timing of the start and the other ends it saw, as a poll's.
         done.details.update(result.details)
@@ -799,28 +795,15 @@ class CreateMachine(StepMachine[CreateRequest]):
             "wait", dict(progress, since=since), "running", delay=self.budgets.poll_interval
         )
 
-    def _runs(
-        self,
-        req: CreateRequest,
-        progress: Progress,
-        vmid: int,
-        node: str,
-        *,
-        start_since: float | None = None,
-    ) -> StepResult:
-        """The create's end: its VM runs (entry 10 step 9), as a read just saw. ``start_since``:
-        when the start this create submitted was sent, if the read that saw it run was its wait's;
-        the details then say how long ago that was (``STARTED_AGO``)."""
-        details = _identity_details(progress)
-        if start_since:
-            details[STARTED_AGO] = max(0.0, self.clock() - float(start_since))
+    def _runs(self, req: CreateRequest, progress: Progress, vmid: int, node: str) -> StepResult:
+        """The create's end: its VM runs (entry 10 step 9), as a read just saw."""
         return StepResult(
             "done",
             advance(progress, "done"),
             "running",
             provider_id=format_provider_id(vmid, req.vm_name),
             message=f"VM {vmid} is running on {node}",
-            details=details,
+            details=_identity_details(progress),
         )
 
 

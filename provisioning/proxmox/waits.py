@@ -93,8 +93,7 @@ ALPHA = 0.4
 # One sample moves an estimate at most this many times up or down (a task stuck behind a lock
 # once does not make every later wait long).
 OUTLIER_FACTOR = 4.0
-# The kind under which boot-to-address is kept (beside the task types of the UPIDs); the
-# services time it from the start's sending (services.runners._enter_address).
+# The kind under which boot-to-address is kept (beside the task types of the UPIDs).
 BOOT = "boot"
 # A look that landed more than this after its plan (or LATE_SHARE of the plan, when longer) was
 # late: more than a delivery's usual overhead (20-35 ms on an idle machine), so the plan is no

@@ -24,7 +24,7 @@ from django.conf import settings
 from provisioning.models import Operation, Proxy
 from provisioning.models.choices import OperationKind, Phase
 from provisioning.proxmox import readiness
-from provisioning.proxmox.create import STARTED_AGO, CreateRequest
+from provisioning.proxmox.create import CreateRequest
 from provisioning.proxmox.delete import DeleteRequest
 from provisioning.proxmox.errors import ClassifiedError, NotFoundError, PermanentError
 from provisioning.proxmox.identity import Identity
@@ -36,7 +36,6 @@ from provisioning.proxmox.waits import BOOT, MARGIN, MIN_POLL, Timing, next_wait
 from provisioning.sealing import SealError
 
 from . import maintenance, slots
-from .clock import db_now
 from .drift import built_spec, proxy_spec
 from .durations import durations_elsewhere, durations_expected
 from .installation import identity_conflict
@@ -163,7 +162,7 @@ def _run_create(
             drift_checked_at=now,
             drift_listing="",
         )
-        _enter_address(progress, now, started_ago=result.details.get(STARTED_AGO))
+        _enter_address(progress, now)
         # Seed 003's readiness: whether this VM counts as Running only once cloud-init is done,
         # as the catalogue said when it was created (a later edit affects later VMs only).
         progress["cloud_init"] = _waits_for_cloud_init(provider, proxy.image)
@@ -233,22 +232,9 @@ def _cloud_init(proxy: Proxy, op: Operation) -> bytes:
         ) from None
 
 
-def _enter_address(
-    progress: dict[str, Any], now: datetime, *, started_ago: float | None = None
-) -> None:
-    """Move the record to the wait for the address. The boot's timer starts when the start was
-    sent (``started_ago`` seconds before this moment, from the create machine), else now.
-
-    Timed from when a look saw the VM run, the boot's estimate carried how late that look came:
-    a start noticed 30 ms sooner than the create the estimate learned from planned the address's
-    first look 30 ms early, and a look that missed a 2 s boot is followed 100 ms later (issue
-    12's latency: what the start's quicker look saved, the address gave back). From the start's
-    sending, the boot's estimate spans the start task and the boot, and no look's timing is in
-    it. The machine's ``since`` is on its own clock, so only the elapsed time crosses over."""
-    since = now.timestamp()
-    if started_ago is not None:
-        since = db_now().timestamp() - float(started_ago)
-    progress.update(stage="address", address_since=since)
+def _enter_address(progress: dict[str, Any], now: datetime) -> None:
+    """Move the record to the wait for the address; the boot's timer starts now."""
+    progress.update(stage="address", address_since=now.timestamp())
     progress.pop("address_look_at", None)
     progress.pop("address_seen", None)
 
@@ -455,10 +441,7 @@ def _first_address_wait(
     """A wait for the image's expected boot, or None when there is no estimate or it is due."""
     assert op.cluster is not None
     expected = _boot_expected(op, proxy)
-    # Waited until this moment, not the step's start: the step that saw the VM run may have
-    # spent a while on its reads, and the look is due that much sooner.
-    present = max(now, db_now()).timestamp()
-    waited = present - float(progress.get("address_since") or present)
+    waited = now.timestamp() - float(progress.get("address_since") or now.timestamp())
     if expected is None or expected * (1 + MARGIN) - waited < MIN_POLL:
         return None
     result = StepResult(
