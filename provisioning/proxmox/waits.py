@@ -64,20 +64,21 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-# The first look after an expected end that found the work still going comes this soon, or
-# after this share of the estimate when that is longer (long work is not looked at every 50 ms).
-# A right estimate's first look misses now and then (module docstring), so this share is most
-# of how late a long wait is noticed: a twentieth, not a tenth (warm waits for a 2 s boot, looks
-# landing 15-45 ms after their plans: noticed 60 ms late on average instead of 95, for 1.38 looks
-# each instead of 1.33; tests/unit/test_wait_planning.py).
+# The shortest step of a wait with no estimate, and how near its planned first look a wait with
+# one waits for that plan rather than planning the look after it (``next_wait``).
 MIN_POLL = 0.05
+# After a first look that came on an estimate and found the work still going, the next comes
+# this share of the estimate later, or MISS_POLL when that is longer (long work is not looked at
+# every 20 ms). A right estimate's first look misses now and then (module docstring), so this
+# share is most of how late a long wait is noticed: a twentieth, not a tenth (warm waits for a
+# 2 s boot, looks landing 15-45 ms after their plans: noticed 60 ms late on average instead of
+# 95, for 1.38 looks each instead of 1.33; tests/unit/test_wait_planning.py).
 STEP_SHARE = 0.05
-# After a first look that came on an estimate and missed, the next comes this soon when that
-# is longer than STEP_SHARE of the estimate: the work was expected over, so it is most likely a
-# few ms from its end, and MIN_POLL there cost short work half its length (issue 12's latency:
-# a 0.1 s start looked at 2 ms before its end and again 59 ms later, in two creates of three).
-# Cold waits keep MIN_POLL: they know nothing of where the end is, and a shorter interval
-# there is only more looks (tried in the makespan at 20 ms for every look: worse).
+# The work was expected over, so it is most likely a few ms from its end, and MIN_POLL there
+# cost short work half its length (issue 12's latency: a 0.1 s start looked at 2 ms before its
+# end and again 59 ms later, in two creates of three). Cold waits keep MIN_POLL: they know
+# nothing of where the end is, and a shorter interval there is only more looks (tried in the
+# makespan at 20 ms for every look: worse).
 MISS_POLL = 0.02
 # With no estimate, each look comes after this share of the time waited so far (at least
 # MIN_POLL): the look that finds the work over then bounds its end within a fifth of its
@@ -221,8 +222,8 @@ def next_wait(*, expected: float | None, elapsed: float, cap: float, limit: floa
     remaining = first - elapsed
     if remaining >= MIN_POLL:
         return min(remaining, max(limit - elapsed, MIN_POLL))
-    # Due (or nearly: no look is planned sooner than MIN_POLL, which also keeps a wait from
-    # being spent re-reading in a tight loop).
+    # Due, or nearly. No look comes sooner than MISS_POLL after the last (MIN_POLL with no
+    # estimate), which also keeps a wait from being spent re-reading in a tight loop.
     if expected is None:
         step = max(MIN_POLL, COLD_GROWTH * elapsed)
     elif remaining > 0:
