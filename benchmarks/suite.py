@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import spy  # noqa: E402
+from benchmarks import speed, spy  # noqa: E402
 from benchmarks.fleet import classify_request, simulator_capacity  # noqa: E402
 from benchmarks.floor import create_floor, create_stages, fleet_floor  # noqa: E402
 from benchmarks.observe import deliveries_by_calls, log_counts, worker_log  # noqa: E402
@@ -320,7 +320,9 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     stages = create_stages(profile=PROFILE, time_scale=TIME_SCALE)
     runs = []
     for r in range(sizes.repeats):
+        before = speed.probe_ms()
         run = create_fleet(stack, f"lat{r}", 1, timeout=300)
+        run["speedProbeMs"] = speed.around(before, speed.probe_ms())
         entries = run.pop("entries")
         to_running = run.pop("entriesToRunning")
         run.pop("operations")
@@ -343,6 +345,7 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "ratio": spread(ratios, digits=3),
         "requestsPerCreate": spread(requests, digits=1),
         "requestsPerCreateWithRelease": spread(with_release, digits=1),
+        "speedProbeMs": spread([r["speedProbeMs"] for r in runs], digits=2),
         # Where the time over the floor went, stage by stage (median of the runs, ms).
         "overFloorMsByStage": {
             stage: median([r["overFloorMs"].get(stage, 0.0) for r in runs])
@@ -358,7 +361,9 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     runs = []
     n = sizes.makespan_proxies
     for r in range(sizes.repeats):
+        before = speed.probe_ms()
         run = create_fleet(stack, f"mk{r}", n, timeout=1800)
+        run["speedProbeMs"] = speed.around(before, speed.probe_ms())
         entries = run.pop("entries")
         run.pop("entriesToRunning")
         ops = run.pop("operations")
@@ -410,6 +415,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
         "floorSeconds": spread([r["floorSeconds"] for r in runs]),
         "wallSeconds": spread([r["wall"] for r in runs]),
         "ratio": spread([r["ratio"] for r in runs], digits=3),
+        "speedProbeMs": spread([r["speedProbeMs"] for r in runs], digits=2),
         "exceededCap": any(node["exceededCap"] for r in runs for node in r["nodes"].values()),
         "maxInflightPerNode": {k: v["maxInflight"] for k, v in last.items()},
         "secondsWaitingBelowCap": round(
@@ -629,6 +635,7 @@ def run_suite(
                 if "latency" in only:
                     out["latency"] = measure_latency(stack, sizes)
                     log(f"latency: ratio {out['latency']['ratio']}")
+                    log(f"latency: speed probe ms {out['latency']['speedProbeMs']}")
                     over = out["latency"]["overFloorMsByStage"]
                     log(
                         "latency: ms over the floor by stage (medians): "
@@ -637,6 +644,7 @@ def run_suite(
                 if "makespan" in only:
                     out["makespan"] = measure_makespan(stack, sizes)
                     log(f"makespan: ratio {out['makespan']['ratio']}")
+                    log(f"makespan: speed probe ms {out['makespan']['speedProbeMs']}")
                     mk = out["makespan"]
                     log(
                         f"makespan: the worker ran step deliveries "
@@ -703,6 +711,7 @@ def figures(result: dict[str, Any], details: dict[str, Any]) -> dict[str, Figure
                 "spread": lat["ratio"],
                 "floorSeconds": lat["floorSeconds"],
                 "wall": lat["wallSeconds"],
+                "speedProbeMs": lat["speedProbeMs"],
             },
         )
         values["requests_per_create"] = (
@@ -737,6 +746,7 @@ def figures(result: dict[str, Any], details: dict[str, Any]) -> dict[str, Figure
                 "workerBusyShare": mk["workerBusyShare"],
                 "deliveriesPerCreate": mk["deliveriesPerCreate"],
                 "msPerDelivery": mk["msPerDelivery"],
+                "speedProbeMs": mk["speedProbeMs"],
             },
         )
     if "concurrency" in result:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trustme
 
-from benchmarks import faults, isolation, spy  # noqa: F401  (importable without a stack)
+from benchmarks import faults, isolation, speed, spy  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
 from benchmarks.floor import create_floor, create_stages, fleet_floor
 from benchmarks.observe import (
@@ -362,6 +362,21 @@ def test_the_spread_of_repeated_runs_is_their_median_and_range() -> None:
     assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
     with pytest.raises(ValueError):
         spread([])
+
+
+def test_the_speed_probe_times_its_work_and_a_run_counts_the_probes_around_it() -> None:
+    # The probe is what tells a slow run from a slow machine (benchmarks/speed.py): it must
+    # grow with the work it times. Twenty times the work against the same machine moment;
+    # both are medians of five rounds, so one interrupted round does not decide.
+    small = speed.probe_ms(items=5_000)
+    large = speed.probe_ms(items=100_000)
+    assert 0 < small < large
+    assert large > 4 * small
+    assert speed.around(10.0, 14.0) == 12.0
+    with pytest.raises(ValueError, match="at least one"):
+        speed.probe_ms(items=0)
+    with pytest.raises(ValueError, match="at least one"):
+        speed.probe_ms(rounds=0)
 
 
 def test_p95_is_the_nearest_rank() -> None:
