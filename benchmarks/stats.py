@@ -7,7 +7,8 @@ check them (tests/unit/test_benchmarks.py) without a stack.
 * ``inflight``: a node's tasks over time from the simulator's task timeline, against a cap;
 * ``lanes_used``: how much of a node's cap its tasks filled while it still had clones to run;
 * ``end_noticed``: how long after a task's end the first request that could tell it came;
-* ``over_floor_by_stage``: where a lone create's time over its floor went, stage by stage.
+* ``over_floor_by_stage``: where a lone create's time over its floor went, stage by stage;
+* ``matched_difference``: two commits' runs compared at the same machine speed (``ab.py``).
 """
 
 from __future__ import annotations
@@ -311,3 +312,54 @@ def over_floor_by_stage(
         if name == until:
             break
     return {name: round(1000 * (s - floors.get(name, 0.0)), 1) for name, s in spent.items()}
+
+
+@dataclass(frozen=True)
+class Matched:
+    """Two sides' runs compared at one machine speed (``matched_difference``): ``difference`` is
+    the new side's ratio minus the base's at the same speed probe, ``error`` its standard
+    error; ``slope`` is how much a run's ratio grew per millisecond of probe on both sides."""
+
+    difference: float
+    error: float
+    slope: float
+    base_runs: int
+    new_runs: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "difference": round(self.difference, 4),
+            "error": round(self.error, 4),
+            "slope": round(self.slope, 5),
+            "baseRuns": self.base_runs,
+            "newRuns": self.new_runs,
+        }
+
+
+def matched_difference(
+    base: Sequence[tuple[float, float]], new: Sequence[tuple[float, float]]
+) -> Matched:
+    """The new side's ratio minus the base's at equal speed probe, from ``(probe, ratio)``
+    runs of each: one straight line per side with a slope they share (an analysis of
+    covariance). On a host whose speed drifts, a side whose runs fell on slow minutes has a
+    worse median for that alone; the shared slope takes out what the probe explains, and the
+    standard error says what is left to chance."""
+    if len(base) < 2 or len(new) < 2:
+        raise ValueError("a matched comparison needs at least two runs a side")
+    sides = [list(base), list(new)]
+    means = [
+        (sum(p for p, _ in runs) / len(runs), sum(r for _, r in runs) / len(runs)) for runs in sides
+    ]
+    paired = list(zip(sides, means, strict=True))
+    sxx = sum((p - mx) ** 2 for runs, (mx, _) in paired for p, _ in runs)
+    sxy = sum((p - mx) * (r - my) for runs, (mx, my) in paired for p, r in runs)
+    slope = sxy / sxx if sxx > 0 else 0.0
+    (bx, by), (nx, ny) = means
+    difference = (ny - by) - slope * (nx - bx)
+    residuals = [r - my - slope * (p - mx) for runs, (mx, my) in paired for p, r in runs]
+    freedom = len(residuals) - 3
+    if freedom < 1:
+        return Matched(difference, math.inf, slope, len(base), len(new))
+    variance = sum(e * e for e in residuals) / freedom
+    leverage = 1 / len(base) + 1 / len(new) + ((nx - bx) ** 2 / sxx if sxx > 0 else 0.0)
+    return Matched(difference, math.sqrt(variance * leverage), slope, len(base), len(new))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trustme
 
-from benchmarks import faults, isolation, speed, spy  # noqa: F401  (importable without a stack)
+from benchmarks import ab, faults, isolation, speed, spy  # noqa: F401  (importable without a stack)
 from benchmarks.blackhole import BlackHole
 from benchmarks.floor import create_floor, create_stages, fleet_floor
 from benchmarks.observe import (
@@ -37,6 +37,7 @@ from benchmarks.stats import (
     end_noticed,
     inflight,
     lanes_used,
+    matched_difference,
     max_overlap,
     median,
     over_floor_by_stage,
@@ -377,6 +378,46 @@ def test_the_speed_probe_times_its_work_and_a_run_counts_the_probes_around_it() 
         speed.probe_ms(items=0)
     with pytest.raises(ValueError, match="at least one"):
         speed.probe_ms(rounds=0)
+
+
+def _line(
+    probes: list[float], *, at_zero: float, slope: float, noise: list[float]
+) -> list[tuple[float, float]]:
+    return [(p, at_zero + slope * p + e) for p, e in zip(probes, noise, strict=True)]
+
+
+def test_two_commits_are_compared_at_the_same_machine_speed() -> None:
+    # The same code, but the base's runs fell on slow minutes: its median is worse for that
+    # alone (2026-12-08: one commit's makespan went from 1.28 to 2.02 as the probe doubled).
+    noise = [0.01, -0.01, 0.0, 0.005, -0.005]
+    base = _line([20.0, 22.0, 24.0, 26.0, 25.0], at_zero=1.0, slope=0.02, noise=noise)
+    same = _line([13.0, 14.0, 15.0, 16.0, 14.5], at_zero=1.0, slope=0.02, noise=noise[::-1])
+    assert median([r for _, r in same]) < median([r for _, r in base]) - 0.15
+    matched = matched_difference(base, same)
+    assert abs(matched.difference) < 2 * matched.error
+    assert matched.slope == pytest.approx(0.02, abs=0.002)
+    # A change that costs 0.1 of the floor at every speed is found, whatever the speeds.
+    worse = _line([13.0, 14.0, 15.0, 16.0, 14.5], at_zero=1.1, slope=0.02, noise=noise[::-1])
+    found = matched_difference(base, worse)
+    assert found.difference == pytest.approx(0.1, abs=0.02)
+    assert found.difference > 3 * found.error
+    assert found.as_dict()["baseRuns"] == 5
+    with pytest.raises(ValueError, match="two runs a side"):
+        matched_difference(base[:1], worse)
+
+
+def test_the_ab_runner_reads_the_probe_and_ratio_of_each_run_of_a_suite_file() -> None:
+    reports = [
+        {"result": {"makespan": {"runs": [{"speedProbeMs": 14.0, "ratio": 1.3}]}}},
+        # A run recorded before the probe existed cannot be matched: left out.
+        {"result": {"makespan": {"runs": [{"ratio": 1.9}, {"speedProbeMs": 21.0, "ratio": 1.6}]}}},
+        {"result": {"latency": {"runs": [{"speedProbeMs": 15.0, "ratio": 1.1}]}}},
+    ]
+    assert ab.runs_of(reports, "makespan") == [(14.0, 1.3), (21.0, 1.6)]
+    assert ab.runs_of(reports, "latency") == [(15.0, 1.1)]
+    both = ab.summary([(14.0, 1.3), (21.0, 1.6)], [(15.0, 1.35), (20.0, 1.55)])
+    assert both["base"]["ratio"]["runs"] == 2
+    assert set(both["matched"]) == {"difference", "error", "slope", "baseRuns", "newRuns"}
 
 
 def test_p95_is_the_nearest_rank() -> None:
