@@ -4,9 +4,10 @@ The suite's timed figures move with the machine. On a shared host the same two c
 the same Python half as fast one minute as the next: on 2026-12-08 a fixed loop took 218 to 350
 ms within a quarter of an hour with no load of our own, and six makespan sets of one commit
 gave medians from 1.37 to 2.0 (benchmarks/README.md). The simulator's capacity, measured once
-per suite, cannot show that. So the latency and makespan runs each time this probe just before
-and just after the run (``speedProbeMs``): a reader can tell a slow run from a slow machine,
-and compare two commits only on runs the probe says were alike.
+per suite, cannot show that. So every fleet the suite creates (``suite.create_fleet``: each
+latency and makespan run) times this probe just before and just after it (``speedProbeMs``): a
+reader can tell a slow run from a slow machine, and compare two commits only on runs the probe
+says were alike.
 
 The work is interpreted Python of the kind a delivery does most (small dicts, string joins,
 integer arithmetic), so it slows with the worker's own code; the median of a few rounds leaves

@@ -227,7 +227,9 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
     """``proxies create --count n`` then ``proxies wait --phase Running``: the journal's span
     from the first create's ``created_at`` to the last ``address`` step's end (Running with an
     address), the ledger's requests of the whole creates (the seed's release included), the
-    placement and the operations' own spans."""
+    placement and the operations' own spans; and the machine's speed just before and after
+    (``speed.py``: a slow run can then be told from a slow machine)."""
+    probe_before = speed.probe_ms()
     template = stack.sim.info()["templateVmid"]
     template_node = next(str(v["node"]) for v in stack.sim.vms() if int(v["vmid"]) == template)
     before = stack.sim.last_seq()
@@ -243,6 +245,7 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
         return found if all(op["finishedAt"] for op in found) else None
 
     ops = wait_until(ended, timeout=timeout, interval=1.0, what=f"{prefix}'s creates to end")
+    probe = speed.around(probe_before, speed.probe_ms())
     entries = stack.sim.ledger(after=before)
     rows = stack.proxies(f"{prefix}-")
     # Running with an address is the end of the ``address`` step; the seed's release comes
@@ -266,6 +269,7 @@ def create_fleet(stack: Stack, prefix: str, n: int, timeout: float) -> dict[str,
         "wall": last_address - first,
         "wallToFinished": max(float(op["finishedAt"] or 0) for op in ops) - first,
         "createCommandSeconds": round(command, 3),
+        "speedProbeMs": probe,
         "states": dict(Counter(str(op["state"]) for op in ops)),
         "templateNode": template_node,
         "placement": dict(sorted(Counter(str(r["node"]) for r in rows).items())),
@@ -320,9 +324,7 @@ def measure_latency(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     stages = create_stages(profile=PROFILE, time_scale=TIME_SCALE)
     runs = []
     for r in range(sizes.repeats):
-        before = speed.probe_ms()
         run = create_fleet(stack, f"lat{r}", 1, timeout=300)
-        run["speedProbeMs"] = speed.around(before, speed.probe_ms())
         entries = run.pop("entries")
         to_running = run.pop("entriesToRunning")
         run.pop("operations")
@@ -361,9 +363,7 @@ def measure_makespan(stack: Stack, sizes: Sizes) -> dict[str, Any]:
     runs = []
     n = sizes.makespan_proxies
     for r in range(sizes.repeats):
-        before = speed.probe_ms()
         run = create_fleet(stack, f"mk{r}", n, timeout=1800)
-        run["speedProbeMs"] = speed.around(before, speed.probe_ms())
         entries = run.pop("entries")
         run.pop("entriesToRunning")
         ops = run.pop("operations")
